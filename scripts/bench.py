@@ -1,0 +1,187 @@
+"""How much does the template cost? Its loop against a minimal hand-written one.
+
+Both train the same model on the same batches with the same gears; runs alternate
+(template, hand, hand, template, ...) so drift in machine speed hits both alike, and
+the figure that counts is the median ratio of their throughputs (1.0 = no overhead).
+
+Each loop times every step the same way (the gap between the ends of consecutive
+optimizer steps). The headline ratio compares the fastest step of each run: the
+template's per-step work is in every step, fastest included, while a shared machine's
+slow stretches (seconds long, +-15% here) are not. Ratios from the median step and from
+the wall clock are printed beside it; the wall clock also carries the template's log
+steps (one in `log_every_n_steps` reads the loss and logs).
+
+    python scripts/bench.py                       # mlp at batch 128, then resnet18
+    python scripts/bench.py --repeats 7 amp=bf16  # extra overrides apply to both loops
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.data import build_data, to_device
+from gearshift.loop import fit
+from gearshift.models import build_model
+from gearshift.optim import build_optimizer, build_schedule
+from gearshift.precision import resolve_amp_dtype
+from gearshift.runtime import configure_backends, resolve_device, seed_everything
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+CASES = {  # name: (overrides, measured steps)
+    "mlp": (["model=mlp", "batch_size=128"], 100),
+    "resnet18": (["model=resnet18", "batch_size=64"], 15),
+    # per-step overhead laid bare: about half a millisecond of compute per step on a CPU
+    "tiny": (["model=mlp", "batch_size=8", "model.hidden=64", "data.image_size=8"], 400),
+}
+
+
+@dataclass
+class Timing:
+    step_ms: list[float]  # each measured step: the gap between consecutive step ends
+    samples_per_step: float
+    wall_samples_per_sec: float
+
+    def samples_per_sec(self, statistic) -> float:
+        return self.samples_per_step * 1000 / statistic(self.step_ms)
+
+
+def hand_written_loop(cfg: DictConfig) -> Timing:
+    """The loop a person would write by hand, timed like the template times its steps."""
+    device = resolve_device(cfg.device)
+    seed_everything(cfg.seed)
+    configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)
+    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    dtype = resolve_amp_dtype(cfg.amp.dtype, device)
+    batches, _ = build_data(cfg, device)
+    model = build_model(cfg.model, device, layout)
+    optimizer = build_optimizer(model, cfg.optimizer)
+    schedule = build_schedule(optimizer, cfg.optimizer, cfg.max_steps)
+    step, samples, marks = 0, 0, []
+    while step < cfg.max_steps:
+        for batch in batches:
+            images, labels = to_device(batch, device, cfg.dataloader.non_blocking, layout)
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = F.cross_entropy(model(images), labels)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=cfg.optimizer.set_to_none)
+            if schedule is not None:
+                schedule.step()
+            step += 1
+            if step == cfg.warmup_steps:
+                loss.item()  # wait for the device, then start the clock
+            if step > cfg.warmup_steps:
+                samples += labels.shape[0]
+            if step >= cfg.warmup_steps:
+                marks.append(time.perf_counter())
+            if step == cfg.max_steps:
+                break
+    loss.item()
+    step_ms = [1000 * (b - a) for a, b in pairwise(marks)]
+    return Timing(step_ms, samples / len(step_ms), samples / (time.perf_counter() - marks[0]))
+
+
+def template_loop(cfg: DictConfig) -> Timing:
+    """gearshift's own loop, timed by its own meter (steps after the warm-up)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        steady = fit(cfg, Path(run_dir)).steady
+    return Timing(steady.step_ms, steady.samples / steady.steps, steady.samples_per_sec)
+
+
+STATISTICS = {"best step": min, "median step": statistics.median}
+
+
+def bench_case(name: str, overrides: list[str], steps: int, repeats: int) -> dict:
+    warmup = 10 if name == "mlp" else 5
+    common = ["logger=none", "progress_bar=false", f"warmup_steps={warmup}"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*common, f"max_steps={warmup + steps}", *overrides])
+    (
+        template_loop(cfg),
+        hand_written_loop(cfg),
+    )  # untimed: first-run costs (kernel caches, allocator)
+    throughput: dict[str, list[float]] = {"template": [], "hand": []}
+    ratios: dict[str, list[float]] = {key: [] for key in [*STATISTICS, "wall clock"]}
+    for repeat in range(repeats):
+        order = ("template", "hand") if repeat % 2 == 0 else ("hand", "template")
+        timing = {
+            w: template_loop(cfg) if w == "template" else hand_written_loop(cfg) for w in order
+        }
+        t, h = timing["template"], timing["hand"]
+        for key, statistic in STATISTICS.items():
+            ratios[key].append(t.samples_per_sec(statistic) / h.samples_per_sec(statistic))
+        ratios["wall clock"].append(t.wall_samples_per_sec / h.wall_samples_per_sec)
+        throughput["template"].append(t.samples_per_sec(min))
+        throughput["hand"].append(h.samples_per_sec(min))
+        logging.info(
+            "%s repeat %d: %s",
+            name,
+            repeat + 1,
+            ", ".join(f"{key} {values[-1]:.3f}" for key, values in ratios.items()),
+        )
+    return {
+        "case": name,
+        "template": statistics.median(throughput["template"]),
+        "hand": statistics.median(throughput["hand"]),
+        **{key: statistics.median(values) for key, values in ratios.items()},
+        "range": (min(ratios["best step"]), max(ratios["best step"])),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--cases", default="mlp,resnet18", help="comma-separated: " + ",".join(CASES)
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="measured steps (default: per case)"
+    )
+    parser.add_argument("overrides", nargs="*", help="config overrides for both loops")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("gearshift").setLevel(logging.WARNING)
+
+    rows = []
+    for name in args.cases.split(","):
+        overrides, steps = CASES[name]
+        rows.append(
+            bench_case(name, [*overrides, *args.overrides], args.steps or steps, args.repeats)
+        )
+
+    table = Table(
+        title=f"template / hand-written loop, medians of {args.repeats} interleaved repeats"
+    )
+    columns = ["case", "template samples/s", "hand samples/s", "ratio (best step)", "range"]
+    columns += ["ratio (median step)", "ratio (wall clock)"]
+    for column in columns:
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(
+            r["case"],
+            f"{r['template']:,.1f}",
+            f"{r['hand']:,.1f}",
+            f"{r['best step']:.3f}",
+            f"{r['range'][0]:.3f}-{r['range'][1]:.3f}",
+            f"{r['median step']:.3f}",
+            f"{r['wall clock']:.3f}",
+        )
+    Console(width=120).print(table)
+
+
+if __name__ == "__main__":
+    main()

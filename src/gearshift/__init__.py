@@ -1,0 +1,5 @@
+"""gearshift: a PyTorch training template where every speed and memory optimisation is a switch."""
+
+from gearshift.task import preflight, train
+
+__all__ = ["preflight", "train"]

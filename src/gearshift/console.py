@@ -1,0 +1,60 @@
+"""What a person watching sees: a progress bar with live throughput, a table at the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+
+def progress_bar(enabled: bool) -> Progress:
+    # No background refresh: the loop refreshes at log steps, so the bar costs nothing between.
+    return Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[samples_per_sec]:>9,.0f} samples/s"),
+        TextColumn("loss {task.fields[loss]:.4f}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        auto_refresh=False,
+        disable=not enabled,
+    )
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
+    table = Table(title="gearshift run", show_header=False, title_justify="left")
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    mib = summary["peak_memory_bytes"] / 2**20
+    rows = [
+        ("samples/s", _fmt(summary["samples_per_sec"])),
+        ("samples/s per device", _fmt(summary["samples_per_sec_per_device"])),
+        ("step time (median)", f"{summary['step_time_ms']:.2f} ms"),
+        ("data wait", f"{summary['data_wait_pct']:.1f} %"),
+        (f"peak memory ({summary['peak_memory_kind']})", f"{mib:,.0f} MiB"),
+        ("final loss", _fmt(summary["final_loss"])),
+        ("val loss / accuracy", f"{_fmt(summary['val_loss'])} / {_fmt(summary['val_accuracy'])}"),
+        ("steps / samples", f"{summary['steps']} / {summary['samples']:,}"),
+        ("device x world size", f"{summary['device']} x {summary['world_size']}"),
+    ]
+    gears = summary["gears"]
+    rows.append(("gears", ", ".join(f"{k}={v}" for k, v in gears.items())))
+    for name, value in rows:
+        table.add_row(name, value)
+    (console or Console()).print(table)

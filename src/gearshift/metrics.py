@@ -1,0 +1,128 @@
+"""Throughput, step time, data-wait share and peak memory, measured without host syncs.
+
+The loop reports each optimizer step (`step`) and each wait for a batch (`add_data_wait`):
+host clock reads and, on CUDA, one recorded event, nothing that waits for the device.
+At log points the loop has just read the loss (the one sync it allows itself), so
+`flush` can read the events for free. Intervals that start before `warmup_steps`
+(start-up, compilation, cuDNN autotuning) are kept out of the steady-state figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Interval:
+    """What happened between two log points."""
+
+    steps: int = 0
+    samples: int = 0
+    seconds: float = 0.0  # wall clock
+    data_wait_seconds: float = 0.0
+    step_ms: list[float] = field(default_factory=list)
+
+    def add(self, other: Interval) -> None:
+        self.steps += other.steps
+        self.samples += other.samples
+        self.seconds += other.seconds
+        self.data_wait_seconds += other.data_wait_seconds
+        self.step_ms += other.step_ms
+
+    @property
+    def samples_per_sec(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def median_step_ms(self) -> float:
+        return statistics.median(self.step_ms) if self.step_ms else 0.0
+
+    @property
+    def data_wait_pct(self) -> float:
+        return 100.0 * self.data_wait_seconds / self.seconds if self.seconds > 0 else 0.0
+
+
+class PerfMeter:
+    def __init__(self, device: torch.device, warmup_steps: int) -> None:
+        self.cuda = device.type == "cuda"
+        self.warmup_steps = warmup_steps
+        self.steps_done = 0
+        self.steady = Interval()  # the sum of the intervals after warm-up
+        self.everything = Interval()
+        self.resume()
+
+    def _mark(self) -> torch.cuda.Event | float:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def resume(self) -> None:
+        """Start a new interval now, leaving out whatever ran since the last step (validation)."""
+        self._start_time = time.perf_counter()
+        self._marks = [self._mark()]
+        self._current = Interval()
+
+    def add_data_wait(self, seconds: float) -> None:
+        self._current.data_wait_seconds += seconds
+
+    def step(self, samples: int) -> None:
+        self._marks.append(self._mark())
+        self._current.samples += samples
+        self._current.steps += 1
+        self.steps_done += 1
+
+    def flush(self) -> Interval:
+        """Close the interval; call right after a host sync so the events are complete."""
+        interval, marks = self._current, self._marks
+        interval.seconds = time.perf_counter() - self._start_time
+        if self.cuda:
+            marks[-1].synchronize()
+            interval.step_ms = [a.elapsed_time(b) for a, b in pairwise(marks)]
+        else:
+            interval.step_ms = [1000 * (b - a) for a, b in pairwise(marks)]
+        self.everything.add(interval)
+        if self.steps_done - interval.steps >= self.warmup_steps:
+            self.steady.add(interval)
+        self._start_time = time.perf_counter()
+        self._marks = [marks[-1]]
+        self._current = Interval()
+        return interval
+
+    def steady_state(self) -> Interval:
+        if self.steady.steps:
+            return self.steady
+        log.warning(
+            "the run ended within its %d warm-up steps: throughput includes warm-up",
+            self.warmup_steps,
+        )
+        return self.everything
+
+
+def peak_memory(device: torch.device) -> tuple[int, str]:
+    """(bytes, kind): CUDA's peak allocated memory, or the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_allocated"
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max_rss * (1 if sys.platform == "darwin" else 1024), "cpu_rss"
+
+
+def memory_metrics(device: torch.device) -> dict[str, float]:
+    gib = 2**30
+    if device.type == "cuda":
+        return {
+            "mem/peak_allocated_gib": torch.cuda.max_memory_allocated(device) / gib,
+            "mem/peak_reserved_gib": torch.cuda.max_memory_reserved(device) / gib,
+        }
+    return {"mem/peak_rss_gib": peak_memory(device)[0] / gib}

@@ -1,0 +1,42 @@
+"""The optimizer (with the foreach/fused gear) and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+
+def build_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
+    # fused: one kernel for the whole update; foreach: one kernel per op across all tensors.
+    common = {
+        "lr": cfg.lr,
+        "weight_decay": cfg.weight_decay,
+        "foreach": cfg.foreach,
+        "fused": cfg.fused or None,
+    }
+    params = model.parameters()
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, momentum=cfg.momentum, nesterov=cfg.nesterov, **common)
+    return torch.optim.AdamW(params, betas=tuple(cfg.betas), **common)
+
+
+def build_schedule(
+    optimizer: torch.optim.Optimizer, cfg: DictConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """Linear warm-up, then cosine decay to zero at `total_steps`; None for a constant lr."""
+    if cfg.schedule == "constant" and cfg.lr_warmup_steps == 0:
+        return None
+    warmup = cfg.lr_warmup_steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

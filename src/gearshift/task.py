@@ -1,0 +1,126 @@
+"""The Hydra task (`train`) and the check of the command line that runs before Hydra's.
+
+`preflight` composes the config the way Hydra will (for a sweep: once per swept value)
+and checks it, so bad input ends with one line naming the key, the value and what is
+allowed, a non-zero exit, and no run folder: Hydra creates that only afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from gearshift.config import ConfigError, check_config
+
+log = logging.getLogger(__name__)
+
+EXIT_BAD_CONFIG = 2
+# Hydra flags after which preflight steps aside: they print, or point at other configs.
+_HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
+_HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun"}
+
+
+def train(cfg: DictConfig) -> float:
+    """Hydra's task function: check, train, return the final loss (a sweeper's objective)."""
+    from gearshift.loop import fit  # torch and friends load after the config is known good
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        check_config(cfg)
+    except ConfigError as error:
+        log.error("%s", error)
+        _remove_empty_run_dir(run_dir)
+        raise SystemExit(EXIT_BAD_CONFIG) from None
+    result = fit(cfg, run_dir, run_name=HydraConfig.get().job.override_dirname or None)
+    return result.summary["final_loss"]
+
+
+def _remove_empty_run_dir(run_dir: Path) -> None:
+    """Drop a run folder that holds nothing but what Hydra wrote before the task began."""
+    leftovers = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}
+    if not leftovers:
+        logging.shutdown()  # close train.log before removing it
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _describe(error: Exception, override: str | None) -> str:
+    """One line out of Hydra's and OmegaConf's multi-line messages."""
+    if isinstance(error, MissingConfigException) and override and "=" in override:
+        group, value = override.split("=", 1)
+        group = group.lstrip("+~")
+        options = GlobalHydra.instance().config_loader().get_group_options(group)
+        if options:
+            return f"{group}={value!r} is not allowed; choose one of: {', '.join(options)}"
+    cause = error.__cause__ or error
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    first = lines[0] if lines else type(error).__name__
+    return f"{override}: {first}" if override else first
+
+
+def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | None]]:
+    """The override lists to compose: the fixed ones, then one per swept value."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+    fixed = [line for line in fixed if not line.lstrip("+~").startswith("hydra")]
+    variants: list[tuple[list[str], str | None]] = [(fixed, None)]
+    for o in parsed:
+        if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
+            try:
+                values = list(o.sweep_string_iterator())
+            except Exception:  # ranges and intervals are for a sweeper to sample
+                continue
+            for value in values:
+                line = f"{o.get_key_element()}={value}"
+                variants.append(([*fixed, line], line))
+    return variants
+
+
+def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | None = None) -> None:
+    """Exit with one clear line if the command line would compose a bad config."""
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a.split("=")[0] in _HYDRA_INFO_FLAGS | _HYDRA_CONFIG_FLAGS for a in argv):
+        return
+    overrides, skip_next = [], False
+    for arg in argv:
+        if skip_next:
+            config_name, skip_next = arg, False
+        elif arg in ("-cn", "--config-name"):
+            skip_next = True
+        elif arg.startswith("--config-name="):
+            config_name = arg.split("=", 1)[1]
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+    try:
+        variants = _overrides_to_check(overrides)
+    except HydraException as error:
+        _exit(_describe(error, None))
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
+        for variant, swept in variants:
+            try:
+                check_config(compose(config_name, overrides=variant))
+            except ConfigError as error:
+                _exit(str(error))
+            except (HydraException, OmegaConfBaseException) as error:
+                _exit(_describe(error, swept or _culprit(error, variant)))
+
+
+def _culprit(error: Exception, overrides: list[str]) -> str | None:
+    """The override a Hydra error is about, when its message names one."""
+    text = str(error)
+    matches = [o for o in overrides if o in text or o.split("=", 1)[0].lstrip("+~") in text]
+    return matches[0] if matches else None
+
+
+def _exit(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_CONFIG)

@@ -1,0 +1,141 @@
+"""Test helpers: compose the real config (conf/) with overrides, as Hydra would."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# Small, fast and quiet; a test adds what it needs.
+TINY = (
+    "logger=none",
+    "progress_bar=false",
+    "data.num_samples=256",
+    "data.num_val_samples=64",
+    "data.image_size=16",
+    "batch_size=16",
+)
+
+
+def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[*(TINY if tiny else ()), *overrides])
+
+
+def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` in `cwd` (where its runs/ folder goes)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def only_summary(cwd: Path) -> dict:
+    """The summary.json of the one run folder under cwd/runs."""
+    found = list((cwd / "runs").glob("*/summary.json"))
+    assert len(found) == 1, found
+    return json.loads(found[0].read_text())
+
+
+SUMMARY_KEYS = {
+    "samples_per_sec",
+    "samples_per_sec_per_device",
+    "step_time_ms",
+    "data_wait_pct",
+    "peak_memory_bytes",
+    "peak_memory_kind",
+    "final_loss",
+    "steps",
+    "samples",
+    "world_size",
+    "device",
+    "gears",
+    "val_loss",
+    "val_accuracy",
+}
+
+
+def check_summary(summary: dict, steps: int, samples: int) -> None:
+    assert summary.keys() >= SUMMARY_KEYS, SUMMARY_KEYS - summary.keys()
+    assert summary["samples_per_sec"] > 0
+    assert summary["samples_per_sec_per_device"] == summary["samples_per_sec"]  # one device
+    assert summary["step_time_ms"] > 0
+    assert 0 <= summary["data_wait_pct"] <= 100
+    assert summary["peak_memory_bytes"] > 50 * 2**20  # torch alone is more than that
+    assert summary["peak_memory_kind"] == (
+        "cuda_allocated" if "cuda" in summary["device"] else "cpu_rss"
+    )
+    assert math.isfinite(summary["final_loss"])
+    assert summary["steps"] == steps and summary["samples"] == samples
+    assert summary["world_size"] == 1
+    assert 0 <= summary["val_accuracy"] <= 1 and summary["val_loss"] > 0
+
+
+class ForwardRecorder:
+    """Records what every module of `kinds` sees and produces, through torch's global hook."""
+
+    def __init__(self, *kinds: type[nn.Module]) -> None:
+        self.kinds, self.calls = kinds, []
+
+    def __enter__(self):
+        def hook(module, inputs, output):
+            if isinstance(module, self.kinds):
+                inference = torch.is_inference_mode_enabled()
+                self.calls.append((module, inputs[0], output, inference, module.training))
+
+        self.handle = nn.modules.module.register_module_forward_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+    def training(self):
+        return [c[:4] for c in self.calls if c[4]]
+
+    def evaluation(self):
+        return [c[:4] for c in self.calls if not c[4]]
+
+
+class StepCounter:
+    def __enter__(self):
+        self.count = 0
+
+        def hook(optimizer, args, kwargs):
+            self.count += 1
+
+        self.handle = register_optimizer_step_post_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+class SyncCounter:
+    """Counts host reads of tensor values (each one waits for the device)."""
+
+    READS = ("item", "tolist", "__bool__", "__float__", "__int__")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.READS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                self.count += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)

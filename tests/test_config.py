@@ -1,0 +1,97 @@
+"""The config composes from the real conf/ tree, and bad input fails fast and clearly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import make_cfg, run_train
+
+from gearshift.config import ConfigError, check_config
+
+
+def test_defaults_are_the_plain_baseline():
+    cfg = make_cfg(tiny=False)
+    check_config(cfg)
+    assert cfg.amp.dtype == "none"
+    assert cfg.accum == 1
+    assert not cfg.memory_format.channels_last
+    assert cfg.dataloader.num_workers == 0 and not cfg.dataloader.pin_memory
+    assert not cfg.compile.enabled and not cfg.cudnn_benchmark
+    assert cfg.matmul_precision == "highest" and not cfg.optimizer.set_to_none
+    assert cfg.model._target_ == "torchvision.models.resnet18"
+
+
+def test_experiment_fast_turns_every_helpful_gear_on():
+    cfg = make_cfg("experiment=fast", tiny=False)
+    check_config(cfg)
+    assert cfg.amp.dtype == "auto" and cfg.memory_format.channels_last
+    assert cfg.dataloader.num_workers == "auto" and cfg.dataloader.non_blocking
+    assert cfg.compile.enabled and cfg.cudnn_benchmark and cfg.matmul_precision == "high"
+    assert cfg.optimizer.fused and cfg.optimizer.set_to_none
+
+
+def test_experiment_baseline_equals_the_defaults():
+    assert make_cfg("experiment=baseline") == make_cfg()
+
+
+def test_command_line_beats_experiment():
+    assert make_cfg("experiment=fast", "amp=off").amp.dtype == "none"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("accum=0", "accum=0 is not allowed; expected an integer >= 1"),
+        ("max_steps=-1", "max_steps=-1 is not allowed"),
+        ("optimizer.lr=-1", "optimizer.lr=-1.0 is not allowed; expected a number > 0"),
+        ("dataloader.num_workers=-1", "dataloader.num_workers=-1 is not allowed"),
+        ("compile.mode=fastest", "compile.mode='fastest' is not allowed; choose one of"),
+        ("matmul_precision=low", "matmul_precision='low' is not allowed"),
+        ("model._target_=no.such.Model", "model._target_='no.such.Model' is not allowed"),
+    ],
+)
+def test_check_config_names_key_value_and_what_is_allowed(override, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        check_config(make_cfg(override))
+
+
+BAD_INPUT = [
+    ("amp=onn", "amp='onn' is not allowed; choose one of: bf16, fp16, off, on"),
+    ("accum=0", "accum=0 is not allowed; expected an integer >= 1"),
+    ("accum=-2", "accum=-2 is not allowed; expected an integer >= 1"),
+    (
+        "batch_size=abc",
+        "batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer",
+    ),
+    (
+        "memory_format=nchw",
+        "memory_format='nchw' is not allowed; choose one of: channels_last, contiguous",
+    ),
+    ("batch_size=0", "batch_size=0 is not allowed; expected an integer >= 1"),
+]
+if not torch.cuda.is_available():
+    BAD_INPUT.append(
+        (
+            "device=cuda",
+            "device='cuda' is not allowed; this machine has no CUDA device; choose auto or cpu",
+        )
+    )
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_INPUT)
+def test_bad_input_is_one_line_nonzero_exit_and_no_run_folder(tmp_path, override, message):
+    result = run_train(override, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: {message}"], result.stderr
+    assert list(tmp_path.iterdir()) == []  # no runs/, no outputs/, nothing
+
+
+def test_a_bad_value_inside_a_sweep_stops_the_sweep_before_it_starts(tmp_path):
+    result = run_train("-m", "amp=off,onn", "max_steps=1", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip()
+        == "error: amp='onn' is not allowed; choose one of: bf16, fp16, off, on"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,196 @@
+"""Each gear acts: dtypes, strides, optimizer steps, gradients, worker processes, freed grads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from helpers import ForwardRecorder, StepCounter, make_cfg
+from torch import nn
+
+from gearshift.data import build_loader
+from gearshift.loop import fit
+from gearshift.precision import Precision, resolve_amp_dtype
+
+
+def test_amp_bf16_runs_the_forward_in_bfloat16(tmp_path):
+    with ForwardRecorder(nn.Linear) as seen:
+        result = fit(make_cfg("model=mlp", "amp=bf16", "max_steps=2"), tmp_path)
+    assert {out.dtype for _, _, out, _ in seen.training()} == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in result.model.parameters())  # master weights
+    assert result.summary["gears"]["amp"] == "bfloat16"
+
+
+def test_amp_off_stays_float32(tmp_path):
+    with ForwardRecorder(nn.Linear) as seen:
+        fit(make_cfg("model=mlp", "max_steps=2"), tmp_path)
+    assert {out.dtype for _, _, out, _ in seen.training()} == {torch.float32}
+
+
+def test_amp_on_picks_bf16_on_cpu_without_a_scaler():
+    cpu = torch.device("cpu")
+    assert resolve_amp_dtype("auto", cpu) == torch.bfloat16
+    assert not Precision(torch.bfloat16, cpu).scaler.is_enabled()
+    assert Precision(torch.float16, cpu).scaler.is_enabled()
+
+
+def test_fp16_grad_scaler_skips_a_step_with_inf_gradients_and_counts_it():
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    precision = Precision(torch.float16, torch.device("cpu"))
+    before = model.weight.detach().clone()
+
+    with precision.autocast():
+        out = model(torch.randn(3, 4))
+    assert out.dtype == torch.float16
+    precision.backward(out.float().sum() * float("inf"))
+    scale = precision.grad_scale()
+    precision.step(optimizer)
+    assert torch.equal(model.weight, before)  # the step was skipped
+    assert int(precision.skipped_steps) == 1 and precision.grad_scale() == scale / 2
+
+    optimizer.zero_grad()
+    with precision.autocast():
+        precision.backward(model(torch.randn(3, 4)).float().mean() * 1e-2)  # no fp16 overflow
+    precision.step(optimizer)
+    assert not torch.equal(model.weight, before)  # a finite step goes through
+    assert int(precision.skipped_steps) == 1
+
+
+def test_fp16_training_end_to_end_reports_the_scale(tmp_path):
+    result = fit(make_cfg("model=mlp", "amp=fp16", "max_steps=4"), tmp_path)
+    assert result.summary["gears"]["grad_scaler"] is True
+    assert result.summary["final_loss"] < 10
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_memory_format_sets_the_strides_of_conv_weights_and_inputs(tmp_path, layout):
+    with ForwardRecorder(nn.Conv2d) as seen:
+        fit(make_cfg("model=simple_cnn", f"memory_format={layout}", "max_steps=2"), tmp_path)
+    calls = seen.training()
+    _, images, _, _ = calls[0]
+    want = torch.channels_last if layout == "channels_last" else torch.contiguous_format
+    assert images.is_contiguous(memory_format=want)
+    assert all(c[0].weight.is_contiguous(memory_format=want) for c in calls)
+    if layout == "channels_last":
+        assert not images.is_contiguous()  # really NHWC, not both at once
+
+
+def test_accum_steps_once_per_window_and_the_short_last_window_steps(tmp_path):
+    # 80 samples / batch 8 = 10 micro-batches per epoch: windows of 4, 4 and 2.
+    cfg = make_cfg("model=mlp", "data.num_samples=80", "batch_size=8", "accum=4", "epochs=1")
+    with StepCounter() as steps:
+        result = fit(cfg, tmp_path)
+    assert steps.count == 3
+    assert result.summary["steps"] == 3 and result.summary["samples"] == 80
+
+
+def _one_step(tmp_path, batch_size, accum):
+    cfg = make_cfg(
+        "model=mlp",
+        f"batch_size={batch_size}",
+        f"accum={accum}",
+        "max_steps=1",
+        "optimizer.lr=0.5",
+        "optimizer.momentum=0",
+        "optimizer.weight_decay=0",
+        "optimizer.schedule=constant",
+    )
+    return fit(cfg, tmp_path / f"b{batch_size}").model
+
+
+def test_accum_4_of_batch_8_equals_accum_1_of_batch_32(tmp_path):
+    for d in ("b8", "b32"):
+        (tmp_path / d).mkdir()
+    accumulated = _one_step(tmp_path, batch_size=8, accum=4)
+    whole = _one_step(tmp_path, batch_size=32, accum=1)
+    torch.manual_seed(0)  # the initial weights both runs started from
+    initial = make_initial_mlp()
+    moved = [
+        not torch.equal(a, b) for a, b in zip(whole.parameters(), initial.parameters(), strict=True)
+    ]
+    assert all(moved)
+    for a, b in zip(accumulated.parameters(), whole.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def make_initial_mlp():
+    from gearshift.models import MLP
+
+    return MLP(in_shape=[3, 16, 16], num_classes=10)
+
+
+def test_set_to_none_frees_gradients_after_the_step(tmp_path):
+    freed = fit(make_cfg("model=mlp", "max_steps=2", "optimizer.set_to_none=true"), tmp_path)
+    assert all(p.grad is None for p in freed.model.parameters())
+    zeroed = fit(make_cfg("model=mlp", "max_steps=2", "optimizer.set_to_none=false"), tmp_path)
+    assert all(p.grad is not None and not p.grad.any() for p in zeroed.model.parameters())
+
+
+class PidLabels(torch.utils.data.Dataset):
+    """Labels each sample with the process that loaded it."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, index):
+        return torch.zeros(3, 4, 4), os.getpid()
+
+
+def test_dataloader_tuned_loads_in_worker_processes():
+    cfg = make_cfg("dataloader=tuned")
+    loader = build_loader(PidLabels(), cfg, torch.device("cpu"), train=True, seed=0)
+    pids = {int(pid) for _, labels in loader for pid in labels}
+    assert os.getpid() not in pids and len(pids) >= 1
+    assert loader.num_workers == min(4, len(os.sched_getaffinity(0)))
+
+
+def test_dataloader_baseline_loads_in_this_process():
+    loader = build_loader(PidLabels(), make_cfg(), torch.device("cpu"), train=True, seed=0)
+    assert {int(pid) for _, labels in loader for pid in labels} == {os.getpid()}
+
+
+def test_host_data_trains_through_tuned_loader(tmp_path):
+    cfg = make_cfg("model=mlp", "data.on_device=false", "dataloader=tuned", "max_steps=6")
+    result = fit(cfg, tmp_path)
+    assert result.summary["gears"]["num_workers"] >= 1
+    assert result.summary["steps"] == 6
+
+
+def test_validation_runs_under_inference_mode(tmp_path):
+    with ForwardRecorder(nn.Linear) as seen:
+        result = fit(make_cfg("model=mlp", "max_steps=2"), tmp_path)
+    evals = seen.evaluation()
+    assert evals and all(inference for *_, inference in evals)
+    assert not any(inference for *_, inference in seen.training())
+    assert 0.0 <= result.summary["val_accuracy"] <= 1.0
+
+
+def test_backend_switches_are_set_for_the_run(tmp_path):
+    fit(
+        make_cfg("model=mlp", "max_steps=1", "cudnn_benchmark=true", "matmul_precision=high"),
+        tmp_path,
+    )
+    assert torch.backends.cudnn.benchmark is True
+    assert torch.get_float32_matmul_precision() == "high"
+
+
+def test_fused_optimizer_gear_builds_a_fused_optimizer(tmp_path):
+    result = fit(
+        make_cfg("model=mlp", "max_steps=2", "optimizer=adamw", "optimizer.fused=true"), tmp_path
+    )
+    assert all(group["fused"] for group in result.optimizer.param_groups)
+    assert result.summary["steps"] == 2
+
+
+@pytest.mark.slow
+def test_compile_on_trains_through_a_compiled_module(tmp_path):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    result = fit(make_cfg("model=mlp", "compile=on", "max_steps=3"), tmp_path)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    assert result.summary["gears"]["compile"] == "default"
+    assert result.summary["steps"] == 3

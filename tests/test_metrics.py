@@ -1,0 +1,85 @@
+"""summary.json carries DESIGN.md's keys with sensible values, measured without host syncs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from helpers import SyncCounter, check_summary, make_cfg, only_summary, run_train
+
+from gearshift.loop import fit
+from gearshift.metrics import PerfMeter
+
+
+def test_summary_json_has_every_key_with_sensible_values(tmp_path):
+    result = fit(make_cfg("model=mlp", "max_steps=12", "accum=2"), tmp_path)
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written == json.loads(json.dumps(result.summary))
+    check_summary(written, steps=12, samples=12 * 2 * 16)
+    # throughput and step time describe the same steps
+    per_step = written["samples"] / written["steps"]
+    implied_ms = 1000 * per_step / written["samples_per_sec"]
+    assert 0.3 < implied_ms / written["step_time_ms"] < 3
+
+
+def test_no_validation_data_gives_null_val_metrics(tmp_path):
+    summary = fit(make_cfg("model=mlp", "max_steps=2", "data.num_val_samples=0"), tmp_path).summary
+    assert summary["val_loss"] is None and summary["val_accuracy"] is None
+
+
+def test_acceptance_command_writes_a_full_summary(tmp_path):
+    result = run_train(
+        "amp=on",
+        "accum=4",
+        "memory_format=channels_last",
+        "dataloader=tuned",
+        "max_steps=20",
+        "logger=none",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = only_summary(tmp_path)
+    check_summary(summary, steps=20, samples=20 * 4 * 64)
+    gears = summary["gears"]
+    assert gears["amp"] == "bfloat16" and gears["accum"] == 4
+    assert gears["memory_format"] == "channels_last" and gears["non_blocking"] is True
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert (run_dir / ".hydra" / "config.yaml").exists() and (run_dir / "train.log").exists()
+    assert "samples/s" in (run_dir / "train.log").read_text()
+
+
+def test_steady_state_leaves_out_the_warmup_steps():
+    meter = PerfMeter(torch.device("cpu"), warmup_steps=2)
+    for pause in (0.08, 0.08):  # slow warm-up (a compile, say)
+        time.sleep(pause)
+        meter.step(samples=10)
+    meter.flush()
+    for _ in range(4):
+        time.sleep(0.01)
+        meter.step(samples=10)
+    meter.flush()
+    steady = meter.steady_state()
+    assert steady.steps == 4 and steady.samples == 40
+    assert steady.median_step_ms < 60  # the 80 ms warm-up steps are not in it
+    assert steady.samples_per_sec > 40 / 0.2
+
+
+def test_data_wait_share_counts_time_waiting_for_batches():
+    meter = PerfMeter(torch.device("cpu"), warmup_steps=0)
+    for _ in range(3):
+        meter.add_data_wait(0.02)
+        time.sleep(0.03)  # the wait itself, then compute
+        meter.step(samples=1)
+    pct = meter.flush().data_wait_pct
+    assert 10 < pct < 80
+
+
+@pytest.mark.parametrize("max_steps", [20, 40])
+def test_host_reads_tensors_only_at_log_steps(tmp_path, monkeypatch, max_steps):
+    cfg = make_cfg("model=mlp", f"max_steps={max_steps}", "log_every_n_steps=10", "warmup_steps=5")
+    reads = SyncCounter(monkeypatch)
+    fit(cfg, tmp_path)
+    log_points = max_steps // 10 + 1  # every 10 steps, plus the end of warm-up
+    assert reads.count == log_points + 2  # one loss read per log point; validation reads two
