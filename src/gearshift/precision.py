@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from contextlib import AbstractContextManager
 
 import torch
+
+# When GradScaler skips a step (inf/nan gradients, as it does while it finds its scale), the
+# schedule still steps; that is intended, and torch's warning about the order is noise here.
+warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
