@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -87,6 +88,13 @@ class LoggerConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    every_n_steps: int | None = None  # None: only at the end (and on SIGTERM/SIGUSR1)
+    at_end: bool = True
+    keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
+
+
+@dataclass
 class Config:
     model: dict[str, Any] = MISSING  # instantiated through its _target_
     data: DataConfig = MISSING
@@ -96,6 +104,8 @@ class Config:
     memory_format: MemoryFormatConfig = MISSING
     compile: CompileConfig = MISSING
     logger: LoggerConfig = MISSING
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: str | None = None  # auto: the newest checkpoint in the run folder; or a path
     batch_size: int = 64  # per device
     accum: int = 1
     epochs: int = 2
@@ -205,6 +215,11 @@ def _check_model(cfg: DictConfig) -> None:
         _fail("model._target_", target, "expected an importable class or function (module.Name)")
 
 
+def _check_resume(resume: str | None) -> None:
+    if resume not in (None, "auto") and not Path(resume).is_file():
+        _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed."""
     _check_model(cfg)
@@ -218,6 +233,9 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "warmup_steps", 0)
     _check_int(cfg, "max_steps", 1, optional=True)
     _check_int(cfg, "val_every_n_steps", 1, optional=True)
+    _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
+    _check_int(cfg, "checkpoint.keep", 1)
+    _check_resume(cfg.resume)
     _check_dataloader(cfg)
     _check_data(cfg)
     _check_optimizer(cfg)

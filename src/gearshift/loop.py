@@ -19,6 +19,14 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from gearshift.checkpoint import (
+    Position,
+    find_resume,
+    load_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
 from gearshift.console import print_summary, progress_bar
 from gearshift.data import build_data, resolve_num_workers, resolve_pin_memory, to_device
 from gearshift.loggers import NullLogger, build_logger, write_json_atomic
@@ -26,6 +34,7 @@ from gearshift.metrics import Interval, PerfMeter, memory_metrics, peak_memory
 from gearshift.models import build_model, maybe_compile
 from gearshift.optim import build_optimizer, build_schedule
 from gearshift.precision import Precision, resolve_amp_dtype
+from gearshift.preemption import StopRequest, TrainingStopped
 from gearshift.runtime import configure_backends, is_rank_zero, resolve_device, seed_everything
 
 log = logging.getLogger(__name__)
@@ -70,7 +79,7 @@ def evaluate(model: nn.Module, batches: Iterable, place, precision: Precision) -
 
 
 def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResult:
-    """Train as `cfg` says; write summary.json (and W&B) into `run_dir` on rank 0."""
+    """Train as `cfg` says; write summary.json, checkpoints and W&B into `run_dir` (rank 0)."""
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
@@ -89,11 +98,18 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
     batches_per_epoch = len(train_batches)
     total_steps = cfg.max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
     schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    checkpoints = run_dir / "checkpoints"
+    position = Position()
+    if resume_from := find_resume(cfg.resume, checkpoints):
+        state = load_checkpoint(resume_from)
+        position = restore_training_state(
+            state, resume_from, model, optimizer, precision.scaler, schedule
+        )
     forward = maybe_compile(model, cfg.compile)  # 8
 
     gears = resolved_gears(cfg, precision, device)
     rank_zero = is_rank_zero()
-    config = OmegaConf.to_container(cfg, resolve=True)
     logger = build_logger(cfg.logger, run_dir, config, run_name) if rank_zero else NullLogger()
     meter = PerfMeter(device, cfg.warmup_steps)
     n_params = sum(p.numel() for p in model.parameters())
@@ -105,12 +121,26 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
         total_steps,
     )
 
-    step = samples = window_samples = 0
+    step, samples, epoch, start_batch = (
+        position.step,
+        position.samples,
+        position.epoch,
+        position.batch,
+    )
+    window_samples = 0
     last_loss = float("nan")
     val: dict[str, float | None] = {"val_loss": None, "val_accuracy": None}
     loss_sum = torch.zeros((), device=device)  # summed on the device, read at log steps only
     summary: dict[str, Any] | None = None
     bar = progress_bar(enabled=rank_zero and cfg.progress_bar)
+
+    def save_checkpoint_at(next_batch: int) -> None:
+        if not rank_zero:
+            return
+        done_epoch = next_batch == batches_per_epoch  # the next batch opens the next epoch
+        where = Position(step, epoch + done_epoch, 0 if done_epoch else next_batch, samples)
+        state = training_state(config, model, optimizer, precision.scaler, schedule, where)
+        save_checkpoint(state, checkpoints, step, keep=cfg.checkpoint.keep)
 
     def log_point() -> None:
         nonlocal last_loss
@@ -142,11 +172,13 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
             meter.resume()  # validation time is not training time
 
     try:
-        with bar:
+        with bar, StopRequest() as stop:
             task = bar.add_task("train", total=total_steps, samples_per_sec=0.0, loss=float("nan"))
+            bar.update(task, completed=step)
             meter.resume()
             while step < total_steps:
-                for i, batch in enumerate(timed(train_batches, meter)):
+                train_batches.set_epoch(epoch, start_batch)
+                for i, batch in enumerate(timed(train_batches, meter), start=start_batch):
                     window_start = i - i % cfg.accum
                     window = min(cfg.accum, batches_per_epoch - window_start)  # last may be short
                     images, labels = place(batch)
@@ -170,45 +202,68 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
                     at_end = step == total_steps
                     if step % cfg.log_every_n_steps == 0 or step == cfg.warmup_steps or at_end:
                         log_point()
+                    every = cfg.checkpoint.every_n_steps
+                    if stop or (every and step % every == 0) or (at_end and cfg.checkpoint.at_end):
+                        save_checkpoint_at(next_batch=i + 1)
+                    if stop:
+                        raise TrainingStopped(stop.signum, step)
                     if cfg.val_every_n_steps and step % cfg.val_every_n_steps == 0 and not at_end:
                         validate()
                     if at_end:
                         break
+                epoch, start_batch = epoch + 1, 0
         validate()
-        steady = meter.steady_state()
-        peak_bytes, peak_kind = peak_memory(device)
-        world_size = 1
-        summary = {
-            "samples_per_sec": steady.samples_per_sec * world_size,
-            "samples_per_sec_per_device": steady.samples_per_sec,
-            "step_time_ms": steady.median_step_ms,
-            "data_wait_pct": steady.data_wait_pct,
-            "peak_memory_bytes": peak_bytes,
-            "peak_memory_kind": peak_kind,
-            "final_loss": last_loss,
-            "steps": step,
-            "samples": samples * world_size,
-            "world_size": world_size,
-            "device": str(device),
-            "gears": gears,
-            **val,
-        }
+        summary = make_summary(meter, device, step, samples, last_loss, gears, val)
         if rank_zero:
             write_json_atomic(run_dir / "summary.json", summary)
-            log.info(
-                "%.1f samples/s, step %.1f ms, data wait %.1f%%, peak %s %.0f MiB, loss %.4f",
-                summary["samples_per_sec"],
-                summary["step_time_ms"],
-                summary["data_wait_pct"],
-                peak_kind,
-                peak_bytes / 2**20,
-                last_loss,
-            )
+            log_summary(summary)
             if cfg.progress_bar:
                 print_summary(summary)
     finally:
         logger.finish(summary)
-    return RunResult(model=model, optimizer=optimizer, summary=summary, steady=steady)
+    return RunResult(model=model, optimizer=optimizer, summary=summary, steady=meter.steady_state())
+
+
+def make_summary(
+    meter: PerfMeter,
+    device: torch.device,
+    steps: int,
+    samples: int,
+    final_loss: float,
+    gears: dict[str, Any],
+    val: dict[str, float | None],
+) -> dict[str, Any]:
+    """summary.json: the keys DESIGN.md promises, always all of them."""
+    steady = meter.steady_state()
+    peak_bytes, peak_kind = peak_memory(device)
+    world_size = 1
+    return {
+        "samples_per_sec": steady.samples_per_sec * world_size,
+        "samples_per_sec_per_device": steady.samples_per_sec,
+        "step_time_ms": steady.median_step_ms,
+        "data_wait_pct": steady.data_wait_pct,
+        "peak_memory_bytes": peak_bytes,
+        "peak_memory_kind": peak_kind,
+        "final_loss": final_loss,
+        "steps": steps,
+        "samples": samples * world_size,
+        "world_size": world_size,
+        "device": str(device),
+        "gears": gears,
+        **val,
+    }
+
+
+def log_summary(summary: dict[str, Any]) -> None:
+    log.info(
+        "%.1f samples/s, step %.1f ms, data wait %.1f%%, peak %s %.0f MiB, loss %.4f",
+        summary["samples_per_sec"],
+        summary["step_time_ms"],
+        summary["data_wait_pct"],
+        summary["peak_memory_kind"],
+        summary["peak_memory_bytes"] / 2**20,
+        summary["final_loss"],
+    )
 
 
 def resolved_gears(cfg: DictConfig, precision: Precision, device: torch.device) -> dict[str, Any]:

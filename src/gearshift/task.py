@@ -20,7 +20,9 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from gearshift.checkpoint import CheckpointError
 from gearshift.config import ConfigError, check_config
+from gearshift.preemption import TrainingStopped
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +39,18 @@ def train(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         check_config(cfg)
-    except ConfigError as error:
-        log.error("%s", error)
+        result = fit(cfg, run_dir, run_name=HydraConfig.get().job.override_dirname or None)
+    except (ConfigError, CheckpointError) as error:
         _remove_empty_run_dir(run_dir)
-        raise SystemExit(EXIT_BAD_CONFIG) from None
-    result = fit(cfg, run_dir, run_name=HydraConfig.get().job.override_dirname or None)
+        _exit(str(error))
+    except TrainingStopped as stopped:
+        log.warning(
+            "%s; checkpoint saved in %s: run the same command with resume=auto "
+            "(and the same hydra.run.dir) to continue",
+            stopped,
+            run_dir / "checkpoints",
+        )
+        raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
     return result.summary["final_loss"]
 
 
