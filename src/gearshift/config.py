@@ -10,7 +10,9 @@ is allowed.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,19 @@ class LoggerConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: str = "auto"  # auto | none | ddp | dp | fsdp
+    nproc_per_node: int = 1  # > 1: start that many ranks here (torch's elastic launcher)
+    max_restarts: int = 0  # for the ranks started here: restarts after a rank fails
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    timeout_s: int = 300  # a collective waiting this long for a dead rank fails the job
+    sync_batchnorm: bool = False
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclass
 class CheckpointConfig:
     every_n_steps: int | None = None  # None: only at the end (and on SIGTERM/SIGUSR1)
     at_end: bool = True
@@ -104,6 +119,7 @@ class Config:
     memory_format: MemoryFormatConfig = MISSING
     compile: CompileConfig = MISSING
     logger: LoggerConfig = MISSING
+    distributed: DistributedConfig = MISSING
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: str | None = None  # auto: the newest checkpoint in the run folder; or a path
     batch_size: int = 64  # per device
@@ -123,6 +139,18 @@ class Config:
 ConfigStore.instance().store(name="gearshift_schema", node=Config)
 
 
+def run_folder_name() -> str:
+    """The run folder's name: its start time, or under torchrun its run id, which every rank
+    and every restart of the job share (so a restart resumes from the same checkpoints)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return f"torchrun_{run_id}"
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
+OmegaConf.register_new_resolver("gearshift_run_folder", run_folder_name, use_cache=True)
+
+
 AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -131,6 +159,8 @@ SCHEDULES = ("constant", "cosine")
 LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 DATASETS = ("synthetic",)
+STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
+BACKENDS = ("auto", "nccl", "gloo")
 
 
 def _fail(key: str, value: Any, allowed: str) -> None:
@@ -215,6 +245,35 @@ def _check_model(cfg: DictConfig) -> None:
         _fail("model._target_", target, "expected an importable class or function (module.Name)")
 
 
+def _check_distributed(cfg: DictConfig) -> None:
+    import torch
+
+    _check_choice(cfg, "distributed.strategy", STRATEGIES)
+    _check_choice(cfg, "distributed.backend", BACKENDS)
+    for key in ("distributed.nproc_per_node", "distributed.timeout_s", "distributed.bucket_cap_mb"):
+        _check_int(cfg, key, 1)
+    _check_int(cfg, "distributed.max_restarts", 0)
+    d = cfg.distributed
+    launched = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
+    if d.strategy in ("ddp", "fsdp") and not launched and d.nproc_per_node == 1:
+        _fail(
+            "distributed",
+            d.strategy,
+            "it needs several processes: launch with `torchrun --nproc_per_node=N train.py ...` "
+            "or add distributed.nproc_per_node=N",
+        )
+    if d.strategy == "dp" and (cfg.device == "cpu" or not torch.cuda.is_available()):
+        _fail("distributed", "dp", "DataParallel needs CUDA devices; use distributed=ddp on CPU")
+    if d.strategy == "fsdp" and cfg.resume:
+        _fail("resume", cfg.resume, "resuming is not supported under distributed=fsdp yet")
+    if d.strategy in ("dp", "none") and d.nproc_per_node > 1:
+        _fail(
+            "distributed.nproc_per_node",
+            d.nproc_per_node,
+            f"it starts DDP ranks; distributed={d.strategy} runs one process",
+        )
+
+
 def _check_resume(resume: str | None) -> None:
     if resume not in (None, "auto") and not Path(resume).is_file():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
@@ -236,6 +295,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
+    _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)
     _check_optimizer(cfg)

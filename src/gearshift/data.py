@@ -192,7 +192,13 @@ def resolve_pin_memory(choice: bool | str, device: torch.device) -> bool:
 
 
 def build_loader(
-    dataset: Dataset, cfg: DictConfig, device: torch.device, train: bool, seed: int
+    dataset: Dataset,
+    cfg: DictConfig,
+    device: torch.device,
+    train: bool,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> LoaderBatches:
     """A DataLoader with the `dataloader` group's gears applied."""
     dl = cfg.dataloader
@@ -206,7 +212,9 @@ def build_loader(
     loader = DataLoader(
         dataset,
         batch_size=cfg.batch_size,
-        sampler=EpochSampler(len(dataset), shuffle=train, seed=seed),
+        sampler=EpochSampler(
+            len(dataset), train, seed, rank, world_size
+        ),  # shards like DistributedSampler
         drop_last=dl.drop_last and train,
         num_workers=workers,
         pin_memory=resolve_pin_memory(dl.pin_memory, device),
@@ -215,18 +223,23 @@ def build_loader(
     return LoaderBatches(loader)
 
 
-def build_data(cfg: DictConfig, device: torch.device) -> tuple[object, object | None]:
-    """(train batches, validation batches or None), both iterables of (images, labels)."""
+def build_data(
+    cfg: DictConfig, device: torch.device, rank: int = 0, world_size: int = 1
+) -> tuple[object, object | None]:
+    """(train batches, validation batches or None) of this rank: iterables of (images, labels)
+    with `set_epoch(epoch, start_batch)` and `len()` (batches per epoch)."""
     data = cfg.data
     home = device if data.on_device else torch.device("cpu")
     train_set = make_synthetic(data, data.num_samples, cfg.seed, 0, home)
     val_set = make_synthetic(data, data.num_val_samples, cfg.seed, 1, home)
+    shard = {"rank": rank, "world_size": world_size}
+    drop_last = cfg.dataloader.drop_last
     if data.on_device:
-        train = DeviceBatches(*train_set, cfg.batch_size, True, cfg.dataloader.drop_last, cfg.seed)
-        val = DeviceBatches(*val_set, cfg.batch_size, False, False, cfg.seed)
+        train = DeviceBatches(*train_set, cfg.batch_size, True, drop_last, cfg.seed, **shard)
+        val = DeviceBatches(*val_set, cfg.batch_size, False, False, cfg.seed, **shard)
     else:
-        train = build_loader(TensorImages(*train_set), cfg, device, train=True, seed=cfg.seed)
-        val = build_loader(TensorImages(*val_set), cfg, device, train=False, seed=cfg.seed)
+        train = build_loader(TensorImages(*train_set), cfg, device, True, cfg.seed, **shard)
+        val = build_loader(TensorImages(*val_set), cfg, device, False, cfg.seed, **shard)
     return train, (val if data.num_val_samples > 0 else None)
 
 
