@@ -37,20 +37,30 @@ def train(cfg: DictConfig) -> float:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         check_config(cfg)
+        # fit raises ConfigError too, before its first step, when the data is unusable
+        result = fit(cfg, run_dir, run_name=HydraConfig.get().job.override_dirname or None)
     except ConfigError as error:
-        log.error("%s", error)
         _remove_empty_run_dir(run_dir)
-        raise SystemExit(EXIT_BAD_CONFIG) from None
-    result = fit(cfg, run_dir, run_name=HydraConfig.get().job.override_dirname or None)
+        _exit(str(error))
     return result.summary["final_loss"]
 
 
 def _remove_empty_run_dir(run_dir: Path) -> None:
-    """Drop a run folder that holds nothing but what Hydra wrote before the task began."""
+    """Drop a run folder that holds nothing but what Hydra wrote before the task began,
+    and the folders above it (runs/, multirun/<date>/) that it leaves empty."""
     leftovers = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}
-    if not leftovers:
-        logging.shutdown()  # close train.log before removing it
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if leftovers:
+        return
+    logging.shutdown()  # close train.log before removing it
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in run_dir.resolve().parents:
+        if cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def _describe(error: Exception, override: str | None) -> str:
