@@ -217,8 +217,8 @@ def test_a_failed_rank_ends_the_job_instead_of_hanging(tmp_path):
     [
         (
             "distributed=ddp",
-            "error: distributed='ddp' is not allowed; it needs several processes: launch with "
-            "`torchrun --nproc_per_node=N train.py ...` or add distributed.nproc_per_node=N",
+            "error: distributed='ddp' is not allowed; it needs several processes: launch it with "
+            "torchrun --nproc_per_node=N train.py ... or add distributed.nproc_per_node=N",
         ),
         (
             "distributed=dp",

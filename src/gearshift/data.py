@@ -1,10 +1,11 @@
-"""Datasets and the loaders that feed them (tips 2, 3, 4, 6, 7).
+"""Datasets and the loaders that feed them (tips 1, 2, 3, 4, 6, 7).
 
 `data=synthetic` draws images around one random pattern per class, so a model can learn
 it. With `data.on_device=true` (the default) the whole set is generated on the training
 device and batches are index slices there (tip 4: no loader, no copies). With
 `data.on_device=false` it is an ordinary map-style dataset on the host, served by a
 DataLoader like real data, so the data-loader gears have something to act on.
+`data=imagefolder` and `data=cifar10` (datasets.py) are served by the same DataLoader.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from gearshift.config import ConfigError
+from gearshift.datasets import build_datasets
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -156,6 +160,7 @@ class LoaderBatches:
 
     def __init__(self, loader: DataLoader) -> None:
         self.loader = loader
+        self.dataset = loader.dataset
         self.sampler: EpochSampler = loader.sampler
         self.batch_size = loader.batch_size
         sampler = self.sampler
@@ -229,10 +234,12 @@ def build_data(
     """(train batches, validation batches or None) of this rank: iterables of (images, labels)
     with `set_epoch(epoch, start_batch)` and `len()` (batches per epoch)."""
     data = cfg.data
+    shard = {"rank": rank, "world_size": world_size}
+    if data.name != "synthetic":
+        return _disk_loaders(cfg, device, shard)
     home = device if data.on_device else torch.device("cpu")
     train_set = make_synthetic(data, data.num_samples, cfg.seed, 0, home)
     val_set = make_synthetic(data, data.num_val_samples, cfg.seed, 1, home)
-    shard = {"rank": rank, "world_size": world_size}
     drop_last = cfg.dataloader.drop_last
     if data.on_device:
         train = DeviceBatches(*train_set, cfg.batch_size, True, drop_last, cfg.seed, **shard)
@@ -241,6 +248,20 @@ def build_data(
         train = build_loader(TensorImages(*train_set), cfg, device, True, cfg.seed, **shard)
         val = build_loader(TensorImages(*val_set), cfg, device, False, cfg.seed, **shard)
     return train, (val if data.num_val_samples > 0 else None)
+
+
+def _disk_loaders(
+    cfg: DictConfig, device: torch.device, shard: dict[str, int]
+) -> tuple[LoaderBatches, LoaderBatches | None]:
+    train_set, val_set = build_datasets(cfg)  # staged to local disk first if asked (tip 1)
+    train = build_loader(train_set, cfg, device, True, cfg.seed, **shard)
+    if len(train) == 0:  # drop_last with fewer images than one batch
+        raise ConfigError(
+            f"batch_size={cfg.batch_size} is not allowed; with dataloader.drop_last=true it "
+            f"must be <= the {len(train_set)} training images"
+        )
+    val = build_loader(val_set, cfg, device, False, cfg.seed, **shard) if val_set else None
+    return train, val
 
 
 def to_device(

@@ -43,6 +43,7 @@ def train(cfg: DictConfig) -> float:
     run_name = HydraConfig.get().job.override_dirname or None
     try:
         check_config(cfg)
+        # fit raises ConfigError too, before its first step, when the data is unusable
         if cfg.distributed.nproc_per_node > 1 and "RANK" not in os.environ:
             summary = launch_local(cfg, run_dir, run_name)  # the ranks run `fit` themselves
         else:
@@ -62,11 +63,21 @@ def train(cfg: DictConfig) -> float:
 
 
 def _remove_empty_run_dir(run_dir: Path) -> None:
-    """Drop a run folder that holds nothing but what Hydra wrote before the task began."""
+    """Drop a run folder that holds nothing but what Hydra wrote before the task began,
+    and the folders above it (runs/, multirun/<date>/) that it leaves empty."""
     leftovers = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}
-    if not leftovers:
-        logging.shutdown()  # close train.log before removing it
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if leftovers:
+        return
+    logging.shutdown()  # close train.log before removing it
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in run_dir.resolve().parents:
+        if cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def _describe(error: Exception, override: str | None) -> str:
