@@ -17,6 +17,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -34,15 +35,24 @@ def train(cfg: DictConfig) -> float:
     """Hydra's task function: check, train, return the final loss (a sweeper's objective)."""
     from gearshift.loop import fit  # torch and friends load after the config is known good
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         check_config(cfg)
     except ConfigError as error:
         log.error("%s", error)
         _remove_empty_run_dir(run_dir)
         raise SystemExit(EXIT_BAD_CONFIG) from None
-    result = fit(cfg, run_dir, run_name=HydraConfig.get().job.override_dirname or None)
+    cfg.logger.group = wandb_group(cfg.logger.group, hydra_cfg)
+    result = fit(cfg, run_dir, run_name=hydra_cfg.job.override_dirname or None)
     return result.summary["final_loss"]
+
+
+def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:
+    """logger.group when set; else a sweep's runs share one group, the sweep folder's name."""
+    if configured is None and hydra_cfg.mode == RunMode.MULTIRUN:
+        return Path(hydra_cfg.sweep.dir).name
+    return configured
 
 
 def _remove_empty_run_dir(run_dir: Path) -> None:
