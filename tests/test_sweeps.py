@@ -148,7 +148,13 @@ def test_the_ablation_sweeps_every_gear_file_and_each_switches_one_gear():
     assert compose_cfg("gear=all") == compose_cfg("experiment=fast")
 
 
-def test_an_ablation_sweep_runs_into_one_folder_and_reports(tmp_path):
+def log_times(run_dir) -> tuple[str, str]:
+    """The first and last timestamps of a run's train.log."""
+    lines = (run_dir / "train.log").read_text().splitlines()
+    return lines[0][1:24], lines[-1][1:24]
+
+
+def test_an_ablation_sweep_runs_each_gear_alone_in_its_own_process_and_reports(tmp_path):
     sweep_dir = tmp_path / "ablation"
     done = sweep(
         tmp_path,
@@ -163,6 +169,10 @@ def test_an_ablation_sweep_runs_into_one_folder_and_reports(tmp_path):
     gears = [json.loads((sweep_dir / n / "summary.json").read_text())["gears"] for n in "01"]
     assert [g["amp"] for g in gears] == ["off", "bfloat16"]
     assert all(g["num_workers"] == 0 and not g["data_on_device"] for g in gears)  # host data
+    # hydra/launcher=processes: two jobs, two processes, the second after the first ended
+    jobs = [d for d in (sweep_dir / ".submitit").iterdir() if d.name.isdigit()]
+    assert len(jobs) == 2
+    assert log_times(sweep_dir / "0")[1] <= log_times(sweep_dir / "1")[0]
     report = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "report.py"), "--no-plot", str(sweep_dir)],
         capture_output=True,
