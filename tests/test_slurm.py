@@ -37,11 +37,12 @@ TINY = (
 )
 
 
-def _cluster_state() -> str:
+def _cluster_is_up() -> bool:
+    """sinfo answers and a node can take jobs."""
     if shutil.which("sinfo") is None:
-        return ""
+        return False
     out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
-    return out.stdout.strip() if out.returncode == 0 else ""
+    return out.returncode == 0 and bool({"idle", "mix", "alloc"} & set(out.stdout.split()))
 
 
 def _unavailable(why: str):
@@ -53,7 +54,7 @@ def _unavailable(why: str):
 
 @pytest.fixture(scope="session")
 def slurm_cluster():
-    if _cluster_state() in ("idle", "mix", "alloc"):
+    if _cluster_is_up():
         yield  # up already (make slurm-up): leave it up
         return
     if os.geteuid() != 0:
