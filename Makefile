@@ -5,10 +5,10 @@ PY := $(VENV)/bin/python
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all bench lint format clean
+.PHONY: help install train test test-all bench ablation report slurm-up slurm-down docker lint format clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,9 +30,28 @@ test-all: $(VENV)/.installed ## every test, the slow ones too
 bench: $(VENV)/.installed ## template loop vs a hand-written loop, interleaved; prints ratios
 	$(PY) scripts/bench.py $(ARGS)
 
-lint: $(VENV)/.installed ## ruff lint and format check
+ablation: $(VENV)/.installed ## baseline, each gear alone, all gears: one sweep, then its report (DIR=, ARGS=)
+	@dir="$(or $(DIR),multirun/ablation_$$(date +%Y-%m-%d_%H-%M-%S))"; \
+	$(PY) train.py -m sweep=ablation hydra.sweep.dir="$$dir" $(ARGS); status=$$?; \
+	$(PY) scripts/report.py "$$dir" && exit $$status
+
+report: $(VENV)/.installed ## the gear report of a sweep folder: make report DIR=multirun/<sweep>
+	@test -n "$(DIR)" || { echo "usage: make report DIR=<sweep folder>" >&2; exit 2; }
+	$(PY) scripts/report.py "$(DIR)"
+
+slurm-up: ## start a one-node SLURM cluster on this machine (root; installs slurm + munge)
+	bash scripts/slurm/up.sh
+
+slurm-down: ## stop that cluster
+	bash scripts/slurm/down.sh
+
+docker: ## build the CUDA image (needs a Docker engine): docker run --gpus all gearshift amp=on
+	docker build -t gearshift .
+
+lint: $(VENV)/.installed ## ruff lint and format check, hadolint on the Dockerfile
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/hadolint Dockerfile
 
 format: $(VENV)/.installed ## apply ruff's fixes and formatting
 	$(PY) -m ruff check --fix .

@@ -6,7 +6,8 @@ Reads every run folder below the given one (a run folder holds `.hydra/`), ranks
 runs by throughput with speed-up and peak-memory change against the baseline run, and
 writes `report.md` and `report.png` beside them. A run without a summary.json failed:
 it is listed as failed, not dropped. The baseline is the run whose overrides switch no
-gear (or say experiment=baseline), else the slowest run.
+gear (or say experiment=baseline or gear=baseline, as in `make ablation`), else the
+slowest run.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ NOT_GEARS = (
     "data.",
     "batch_size",
     "progress_bar",
+    "sweep",
+    "hparams_search",
 )
 
 
@@ -69,9 +72,12 @@ def load_runs(root: Path) -> list[Run]:
     return runs
 
 
+BASELINE_GEARS = ([], ["experiment=baseline"], ["gear=baseline"])
+
+
 def pick_baseline(runs: list[Run]) -> Run | None:
     done = [r for r in runs if not r.failed]
-    plain = [r for r in done if not r.gears or r.gears == ["experiment=baseline"]]
+    plain = [r for r in done if r.gears in BASELINE_GEARS]
     return (
         plain[0] if plain else min(done, key=lambda r: r.summary["samples_per_sec"], default=None)
     )
@@ -88,7 +94,8 @@ def rows(runs: list[Run]) -> list[dict]:
         b = base.summary
         table.append(
             {
-                "name": run.name + (" (baseline)" if run is base and run.gears else ""),
+                "name": run.name
+                + (" (baseline)" if run is base and "baseline" not in run.name else ""),
                 "status": "ok",
                 "samples_per_sec": s["samples_per_sec"],
                 "speedup": s["samples_per_sec"] / b["samples_per_sec"],

@@ -19,6 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
@@ -39,8 +40,10 @@ def train(cfg: DictConfig) -> float:
     from gearshift.distributed import launch_local  # torch loads once the config is known good
     from gearshift.loop import fit
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    run_name = HydraConfig.get().job.override_dirname or None
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    run_name = hydra_cfg.job.override_dirname or None
+    cfg.logger.group = wandb_group(cfg.logger.group, hydra_cfg)
     try:
         check_config(cfg)
         # fit raises ConfigError too, before its first step, when the data is unusable
@@ -60,6 +63,13 @@ def train(cfg: DictConfig) -> float:
         )
         raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
     return summary["final_loss"]
+
+
+def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:
+    """logger.group when set; else a sweep's runs share one group, the sweep folder's name."""
+    if configured is None and hydra_cfg.mode == RunMode.MULTIRUN:
+        return Path(hydra_cfg.sweep.dir).name
+    return configured
 
 
 def _remove_empty_run_dir(run_dir: Path) -> None:

@@ -1,0 +1,1 @@
+"""gearshift's Hydra launcher plugin (`hydra/launcher=processes`); see processes.py."""

@@ -1,0 +1,227 @@
+"""Sweeps as SLURM jobs, on the real one-node cluster of scripts/slurm/up.sh.
+
+The session fixture brings the cluster up (or uses it when it is up already). Where it
+cannot (not root, no apt), these tests fail under CI and are skipped with the reason
+elsewhere. Every test has a timeout and cancels its own jobs (each sweep has its own job
+name), and a job that dies must fail the sweep, not hang it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+pytestmark = pytest.mark.slurm
+
+SCRIPTS = ROOT / "scripts" / "slurm"
+TINY = (
+    "model=mlp",
+    "logger=none",
+    "progress_bar=false",
+    "data.num_samples=256",
+    "data.num_val_samples=64",
+    "data.image_size=16",
+    "batch_size=16",
+    "warmup_steps=1",
+)
+
+
+def _cluster_is_up() -> bool:
+    """sinfo answers and a node can take jobs."""
+    if shutil.which("sinfo") is None:
+        return False
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    return out.returncode == 0 and bool({"idle", "mix", "alloc"} & set(out.stdout.split()))
+
+
+def _unavailable(why: str):
+    message = f"the local SLURM cluster is not available: {why}"
+    if os.environ.get("CI"):
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message + " (run `make slurm-up` as root)")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if _cluster_is_up():
+        yield  # up already (make slurm-up): leave it up
+        return
+    if os.geteuid() != 0:
+        _unavailable("scripts/slurm/up.sh needs root")
+    up = subprocess.run(
+        ["bash", str(SCRIPTS / "up.sh")], capture_output=True, text=True, timeout=600
+    )
+    if up.returncode != 0:
+        _unavailable(f"scripts/slurm/up.sh failed: {up.stderr.strip() or up.stdout.strip()}")
+    yield
+    subprocess.run(["bash", str(SCRIPTS / "down.sh")], capture_output=True, timeout=120)
+
+
+class Sweep:
+    """`python train.py -m hydra/launcher=slurm ...` in its own folder, under its own job name."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.dir = folder / "sweep"
+        self.name = f"gearshift-test-{uuid.uuid4().hex[:8]}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self, *overrides: str) -> None:
+        args = [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            "hydra/launcher=slurm",
+            f"hydra.launcher.name={self.name}",
+            "hydra.launcher.timeout_min=5",
+            f"hydra.sweep.dir={self.dir}",
+            *TINY,
+            *overrides,
+        ]
+        self.process = subprocess.Popen(
+            args,
+            cwd=self.folder,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        assert self.process is not None
+        output, _ = self.process.communicate(timeout=timeout)  # TimeoutExpired: the sweep hung
+        return self.process.returncode, output
+
+    def jobs(self) -> dict[str, str]:
+        """{job id: state} of this sweep's jobs, array tasks one by one."""
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "-t", "all", "-n", self.name, "-o", "%i %T"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return dict(line.split() for line in out.stdout.splitlines())
+
+    def cleanup(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        subprocess.run(["scancel", "--name", self.name], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def sweep(slurm_cluster, tmp_path):
+    s = Sweep(tmp_path)
+    yield s
+    s.cleanup()
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def sacct_states(job: str) -> dict[str, str]:
+    """What `sacct` (the cluster's stand-in, as submitit calls it) says about a job's tasks."""
+    out = subprocess.run(
+        ["sacct", "-o", "JobID,State,NodeList", "--parsable2", "-j", job],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    header, *lines = out.stdout.splitlines()
+    assert header == "JobID|State|NodeList"
+    return {line.split("|")[0]: line.split("|")[1] for line in lines}
+
+
+@pytest.mark.timeout(180)
+def test_two_point_sweep_runs_as_two_slurm_jobs_and_returns_both_results(sweep):
+    sweep.start("amp=off,bf16", "max_steps=4")
+    code, output = sweep.finish(timeout=150)
+    assert code == 0, output
+    # results come back as soon as the task returns; the job itself ends a moment later
+    wait_for(lambda: set(sweep.jobs().values()) == {"COMPLETED"}, 60, "both jobs to complete")
+    jobs = sweep.jobs()
+    assert len(jobs) == 2, jobs
+    array_id = next(iter(jobs)).split("_")[0]
+    assert sacct_states(array_id) == {f"{array_id}_0": "COMPLETED", f"{array_id}_1": "COMPLETED"}
+    for point, amp in ((0, "off"), (1, "bfloat16")):
+        summary = json.loads((sweep.dir / str(point) / "summary.json").read_text())
+        assert summary["steps"] == 4 and summary["gears"]["amp"] == amp
+        # what the launcher handed back to Hydra: the task's return value, from the job
+        [result_file] = sweep.dir.glob(f".submitit/{array_id}_{point}/*_result.pkl")
+        outcome, job_return = pickle.loads(result_file.read_bytes())
+        assert outcome == "success"
+        assert job_return.return_value == pytest.approx(summary["final_loss"])
+        assert f"amp={'off' if point == 0 else 'bf16'}" in job_return.overrides
+
+
+@pytest.mark.timeout(180)
+def test_a_job_that_raises_fails_the_sweep(sweep):
+    # a 2-class head for 10-class labels: cross_entropy raises on the first batch
+    sweep.start("model.num_classes=10,2", "max_steps=3")
+    code, output = sweep.finish(timeout=150)
+    assert code != 0
+    assert "out of bounds" in output, output
+    assert (sweep.dir / "0" / "summary.json").exists()  # the good point still ran
+    assert not (sweep.dir / "1" / "summary.json").exists()
+
+
+def kill_training_process(job: str) -> None:
+    """SIGKILL the job's training process, as the OOM killer would: it writes no result."""
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%A"], capture_output=True, text=True, timeout=30
+    )
+    raw_id = out.stdout.strip()  # an array task's own SLURM_JOB_ID
+    wanted = {f"SLURM_JOB_ID={raw_id}".encode(), b"SLURM_STEP_ID=0"}
+    pids = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            environ = set((proc / "environ").read_bytes().split(b"\0"))
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if wanted <= environ and b"submitit.core._submit" in argv and b"srun" not in argv[0]:
+            pids.append(int(proc.name))
+    assert pids, f"no training process of job {job} ({raw_id})"
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def cancel(job: str) -> None:
+    subprocess.run(["scancel", job], check=True, timeout=30)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("end_job", "state"),
+    [(kill_training_process, "FAILED"), (cancel, "CANCELLED")],
+    ids=["killed", "cancelled"],
+)
+def test_a_job_that_dies_without_a_result_fails_the_sweep(sweep, end_job, state):
+    # point 0 finishes; point 1 trains until it is killed or cancelled
+    sweep.start("max_steps=3,100000000")
+    log = sweep.dir / "1" / "train.log"
+    wait_for(lambda: log.exists() and "parameters" in log.read_text(), 120, "point 1 to train")
+    [job] = [j for j, s in sweep.jobs().items() if j.endswith("_1") and s == "RUNNING"]
+    end_job(job)
+    code, output = sweep.finish(timeout=90)
+    assert code != 0
+    assert f"has not produced any output (state: {state})" in output, output
+    assert sweep.jobs()[job] == state
+    assert (sweep.dir / "0" / "summary.json").exists()
