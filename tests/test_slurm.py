@@ -225,3 +225,15 @@ def test_a_job_that_dies_without_a_result_fails_the_sweep(sweep, end_job, state)
     assert f"has not produced any output (state: {state})" in output, output
     assert sweep.jobs()[job] == state
     assert (sweep.dir / "0" / "summary.json").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_job_with_two_tasks_per_node_trains_as_2_rank_ddp(sweep):
+    # each SLURM task runs the job; SLURM_PROCID/NTASKS/LOCALID make it a DDP rank
+    sweep.start("hydra.launcher.tasks_per_node=2", "max_steps=6", "amp=off")
+    code, output = sweep.finish(timeout=200)
+    assert code == 0, output
+    summary = json.loads((sweep.dir / "0" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["gears"]["distributed"] == "ddp"
+    assert summary["samples"] == 6 * 2 * 16
+    assert list(sweep.dir.glob("*/summary.json")) == [sweep.dir / "0" / "summary.json"]
