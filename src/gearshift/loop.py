@@ -19,13 +19,18 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from gearshift.advisor import advise, log_findings
+from gearshift.batch_finder import resolve_batch_size
 from gearshift.console import print_summary, progress_bar
 from gearshift.data import build_data, resolve_num_workers, resolve_pin_memory, to_device
+from gearshift.device_transforms import DeviceTransforms
 from gearshift.loggers import NullLogger, build_logger, write_json_atomic
 from gearshift.metrics import Interval, PerfMeter, memory_metrics, peak_memory
+from gearshift.mfu import MFU
 from gearshift.models import build_model, maybe_compile
 from gearshift.optim import build_optimizer, build_schedule
 from gearshift.precision import Precision, resolve_amp_dtype
+from gearshift.prefetch import prefetch_active, prefetch_to_device
 from gearshift.runtime import configure_backends, is_rank_zero, resolve_device, seed_everything
 
 log = logging.getLogger(__name__)
@@ -78,13 +83,21 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
     channels_last = cfg.memory_format.channels_last  # 16
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     non_blocking = cfg.dataloader.non_blocking  # 7
+    cfg, batch_choice = resolve_batch_size(cfg, device, precision.dtype, memory_format)  # 10
+    transforms = DeviceTransforms(cfg.device_transforms, device, memory_format, cfg.seed)
 
-    def place(batch):
-        return to_device(batch, device, non_blocking, memory_format)
+    def place(batch, train: bool = False):
+        images, labels = to_device(batch, device, non_blocking, memory_format)
+        return transforms(images, train), labels  # normalise (and augment) on the device
 
     train_batches, val_batches = build_data(cfg, device)  # 2, 3, 4, 6
-    model = build_model(cfg.model, device, memory_format)
+    train_batches = prefetch_to_device(train_batches, cfg, device, memory_format)  # 7
+    val_batches = prefetch_to_device(val_batches, cfg, device, memory_format)
+    model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
     model.train()
+    advice = advise(cfg, model, device, precision.dtype)  # 9, 10, 15-18: once, with the fix
+    log_findings(advice)
+    mfu = MFU.measure(model, cfg, device, precision, memory_format)
     optimizer = build_optimizer(model, cfg.optimizer)
     batches_per_epoch = len(train_batches)
     total_steps = cfg.max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
@@ -124,6 +137,7 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
             "perf/samples_per_sec": interval.samples_per_sec,
             "perf/step_time_ms": interval.median_step_ms,
             "perf/data_wait_pct": interval.data_wait_pct,
+            **mfu.metrics(interval.samples_per_sec),
             **memory_metrics(device),
         }
         if precision.scaler.is_enabled():
@@ -149,7 +163,7 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
                 for i, batch in enumerate(timed(train_batches, meter)):
                     window_start = i - i % cfg.accum
                     window = min(cfg.accum, batches_per_epoch - window_start)  # last may be short
-                    images, labels = place(batch)
+                    images, labels = place(batch, train=True)
                     with precision.autocast():
                         loss = F.cross_entropy(forward(images), labels)
                     if window > 1:
@@ -192,6 +206,9 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
             "device": str(device),
             "gears": gears,
             **val,
+            **mfu.summary(steady.samples_per_sec),
+            "batch_size_finder": batch_choice.as_dict() if batch_choice else None,
+            "advice": [finding.as_dict() for finding in advice],
         }
         if rank_zero:
             write_json_atomic(run_dir / "summary.json", summary)
@@ -225,6 +242,9 @@ def resolved_gears(cfg: DictConfig, precision: Precision, device: torch.device) 
         "num_workers": 0 if on_device else resolve_num_workers(dl.num_workers),
         "pin_memory": False if on_device else resolve_pin_memory(dl.pin_memory, device),
         "non_blocking": dl.non_blocking,
+        "prefetch_to_device": prefetch_active(cfg, device),
+        "device_transforms": DeviceTransforms.describe(cfg.device_transforms),
+        "checkpointing": bool(cfg.model.get("checkpointing", False)),
         "compile": cfg.compile.mode if cfg.compile.enabled else "off",
         "cudnn_benchmark": cfg.cudnn_benchmark,
         "matmul_precision": cfg.matmul_precision,
