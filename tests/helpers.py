@@ -14,6 +14,8 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import gearshift.config  # noqa: F401  (registers the schema with the ConfigStore)
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 

@@ -11,7 +11,6 @@ import pytest
 import torch
 import torchvision
 from helpers import ROOT, make_cfg
-from omegaconf import open_dict
 from torch import nn
 
 from gearshift.advise import build_on_meta
@@ -126,15 +125,10 @@ def test_checkpointed_models_are_still_traced_for_conv_bias():
     assert "conv-bias-before-batchnorm" in ids
 
 
-@pytest.mark.parametrize("form", ["dp", {"name": "dp"}, {"mode": "dp"}])
-def test_data_parallel_fires_when_the_config_chooses_dp(form):
-    cfg = make_cfg()
-    with open_dict(cfg):  # the distributed group arrives with the DDP work; any of its forms
-        cfg.distributed = form
-    assert "data-parallel" in {f.id for f in advise(cfg, build_on_meta(cfg), CPU)}
-    with open_dict(cfg):
-        cfg.distributed = "ddp"
-    assert "data-parallel" not in {f.id for f in advise(cfg, build_on_meta(cfg), CPU)}
+def test_data_parallel_fires_when_the_config_chooses_dp():
+    assert "data-parallel" in finding_ids("distributed=dp", device=CUDA)
+    for strategy in ("auto", "ddp", "none"):
+        assert "data-parallel" not in finding_ids(f"distributed={strategy}", device=CUDA)
 
 
 def test_data_parallel_fires_on_a_model_wrapped_in_it():

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from helpers import make_cfg
+from test_distributed import free_port, spawn_ranks
 
 from gearshift.batch_finder import (
     GIB,
     TensorMemory,
     _Probe,
+    agree_across_ranks,
     find_batch_size,
     largest_fitting,
     measure_cpu_memory,
@@ -142,3 +146,25 @@ def test_bad_batch_size_values_fail_in_one_line(override, message):
 
 def test_auto_passes_the_config_check():
     check_config(make_cfg("batch_size=auto", "dataloader.drop_last=true"))
+
+
+def _agree(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    size = agree_across_ranks([64, 48][rank], CPU)  # as if the ranks had different room
+    Path(out, f"rank{rank}").write_text(str(size))
+    dist.destroy_process_group()
+
+
+def test_ranks_agree_on_the_smallest_size(tmp_path):
+    mp.start_processes(_agree, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    assert [int((tmp_path / f"rank{r}").read_text()) for r in range(2)] == [48, 48]
+
+
+def test_batch_size_auto_under_ddp_trains_both_ranks_at_one_size(tmp_path):
+    overrides = ["model=simple_cnn", "batch_size=auto", "batch_size_finder.max_memory_gib=0.01"]
+    ranks = spawn_ranks(tmp_path, [*overrides, "max_steps=2", "data.image_size=16"])
+    sizes = {rank["summary"]["gears"]["batch_size"] for rank in ranks}
+    assert len(sizes) == 1 and sizes.pop() % 8 == 0
+    assert ranks[0]["summary"]["samples"] == 2 * 2 * ranks[0]["summary"]["gears"]["batch_size"]

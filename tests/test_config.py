@@ -65,6 +65,19 @@ BAD_INPUT = [
         "memory_format='nchw' is not allowed; choose one of: channels_last, contiguous",
     ),
     ("batch_size=0", "batch_size=0 is not allowed; expected an integer >= 1 or auto"),
+    (
+        "max_steps=-1",
+        "max_steps=-1 is not allowed; expected an integer >= 1 (or null to turn it off)",
+    ),
+    (
+        "dataloader.num_workers=-1",
+        "dataloader.num_workers=-1 is not allowed; expected an integer >= 0 or auto",
+    ),
+    ("optimizer.lr=-1", "optimizer.lr=-1.0 is not allowed; expected a number > 0"),
+    (
+        "data=imagefolder",
+        "data.path=None is not allowed; data=imagefolder reads a folder: set data.path=/path/to/it",
+    ),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append(

@@ -143,7 +143,7 @@ def test_dataloader_tuned_loads_in_worker_processes():
     loader = build_loader(PidLabels(), cfg, torch.device("cpu"), train=True, seed=0)
     pids = {int(pid) for _, labels in loader for pid in labels}
     assert os.getpid() not in pids and len(pids) >= 1
-    assert loader.num_workers == min(4, len(os.sched_getaffinity(0)))
+    assert loader.loader.num_workers == min(4, len(os.sched_getaffinity(0)))
 
 
 def test_dataloader_baseline_loads_in_this_process():

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from helpers import ForwardRecorder, make_cfg
+from helpers import ROOT, ForwardRecorder, make_cfg
 from torch import nn
 
 from gearshift.batch_finder import TensorMemory
@@ -230,3 +230,17 @@ def test_checkpointing_under_torch_compile_matches_eager():
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=n)
     for (n, a), (_, b) in zip(plain.named_buffers(), compiled.named_buffers(), strict=True):
         torch.testing.assert_close(a, b, msg=n)  # BatchNorm updated once under compile too
+
+
+def test_the_report_names_the_new_gears_in_a_sweep(tmp_path, monkeypatch):
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("report", ROOT / "scripts" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "report", report)  # its dataclasses look themselves up
+    spec.loader.exec_module(report)
+    (tmp_path / ".hydra").mkdir()
+    overrides = ["model=resnet50", "batch_size=auto", "model.checkpointing=true", "max_steps=30"]
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("\n".join(f"- {o}" for o in overrides))
+    assert report.gear_overrides(tmp_path) == ["batch_size=auto", "model.checkpointing=true"]

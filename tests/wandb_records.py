@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 BLOCK = 32 * 1024
@@ -40,10 +41,21 @@ def read_records(path: Path) -> list:
     return records
 
 
+def finished_records(path: Path, timeout: float = 30.0) -> list:
+    """The records once the run's exit record is on disk: W&B's service writes after finish()."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = read_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records):
+            return records
+        assert time.monotonic() < deadline, f"{path} has no exit record after {timeout} s"
+        time.sleep(0.2)
+
+
 def history(path: Path) -> list[dict]:
     """Each `run.log` call's metrics, as {key: value}."""
     rows = []
-    for record in read_records(path):
+    for record in finished_records(path):
         if record.WhichOneof("record_type") == "history":
             rows.append(
                 {

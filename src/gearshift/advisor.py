@@ -188,20 +188,10 @@ def conv_bias_before_batchnorm(s: Subject) -> Finding | None:
     )
 
 
-def _distributed_choice(cfg: DictConfig) -> str | None:
-    node = OmegaConf.select(cfg, "distributed", default=None)
-    if isinstance(node, DictConfig):
-        for key in ("name", "mode", "strategy", "kind", "type"):
-            if isinstance(node.get(key), str):
-                return node.get(key)
-        return None
-    return node if isinstance(node, str) else None
-
-
 def data_parallel(s: Subject) -> Finding | None:
-    choice = (_distributed_choice(s.cfg) or "").lower()
+    chosen = OmegaConf.select(s.cfg, "distributed.strategy") == "dp"
     wrapped = any(isinstance(m, nn.DataParallel) for m in s.model.modules())
-    if choice not in ("dp", "dataparallel", "data_parallel") and not wrapped:
+    if not (chosen or wrapped):
         return None
     return Finding(
         "data-parallel",

@@ -25,7 +25,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,7 @@ from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from gearshift.distributed import gather_sum_max
 from gearshift.models import build_model
 from gearshift.optim import build_optimizer
 from gearshift.precision import Precision
@@ -46,7 +47,9 @@ GIB = 2**30
 @dataclass
 class BatchSizeChoice:
     batch_size: int
-    bound: str  # what stopped the search: out_of_memory | memory_budget | dataset | max_batch_size
+    # what stopped the search: out_of_memory | memory_budget | dataset | max_batch_size |
+    # another_rank (DDP: the smallest rank's size wins)
+    bound: str
     budget_bytes: int | None = None  # the memory it had to fit in, where there was one
     bytes_per_sample: float | None = None  # CPU: the memory each sample adds at the peak
     fixed_bytes: float | None = None  # CPU: the peak's part that does not grow with the batch
@@ -285,6 +288,12 @@ def find_batch_size(
         return _find_cpu(cfg, precision_dtype, memory_format, cap, bound)
 
 
+def agree_across_ranks(batch_size: int, device: torch.device) -> int:
+    """The smallest rank's size, so that every rank runs the same number of steps."""
+    _, (negated,) = gather_sum_max([], [-batch_size], device)
+    return int(-negated)
+
+
 def resolve_batch_size(
     cfg: DictConfig,
     device: torch.device,
@@ -295,6 +304,9 @@ def resolve_batch_size(
     if cfg.batch_size != "auto":
         return cfg, None
     choice = find_batch_size(cfg, device, precision_dtype, memory_format)
+    agreed = agree_across_ranks(choice.batch_size, device)
+    if agreed < choice.batch_size:
+        choice = replace(choice, batch_size=agreed, bound="another_rank")
     log.info(
         "batch_size=auto: %d (bound: %s%s)",
         choice.batch_size,

@@ -10,7 +10,10 @@ is allowed.
 from __future__ import annotations
 
 import importlib
+import os
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -52,14 +55,23 @@ class CompileConfig:
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"
-    num_samples: int = 4096
-    num_val_samples: int = 512
+    name: str = "synthetic"  # synthetic | imagefolder | cifar10
+    num_samples: int | None = 4096  # from disk: null = all, N = a seeded subset of N
+    num_val_samples: int | None = 512  # 0: no validation
     image_size: int = 32
     channels: int = 3
     num_classes: int = 10
     noise: float = 1.0  # synthetic: std of the noise around each class's pattern
     on_device: bool = True  # synthetic: generate on the device (no loader, no copies)
+    path: str | None = None  # imagefolder, cifar10: the dataset's folder
+    val_fraction: float = 0.1  # imagefolder without a val/ folder: share held out per class
+    split_seed: int = 0  # the held-out split and subsets (fixed across training seeds)
+    download: bool = False  # cifar10: fetch into data.path through torchvision
+    stage_to: str | None = None  # tip 1: copy the dataset here (fast local disk) first
+    check_images: str = "header"  # imagefolder at start: header | decode | off
+    augment: bool = False  # training images: padded random crop + horizontal flip
+    mean: list[float] | None = None  # normalise after scaling to [0, 1]; null: no
+    std: list[float] | None = None
 
 
 @dataclass
@@ -109,6 +121,26 @@ class LoggerConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: str = "auto"  # auto | none | ddp | dp | fsdp
+    nproc_per_node: int = 1  # > 1: start that many ranks here (torch's elastic launcher)
+    max_restarts: int = 0  # for the ranks started here: restarts after a rank fails
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    timeout_s: int = 300  # a collective waiting this long for a dead rank fails the job
+    sync_batchnorm: bool = False
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    every_n_steps: int | None = None  # None: only at the end (and on SIGTERM/SIGUSR1)
+    at_end: bool = True
+    keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
+
+
+@dataclass
 class Config:
     model: dict[str, Any] = MISSING  # instantiated through its _target_
     data: DataConfig = MISSING
@@ -118,6 +150,9 @@ class Config:
     memory_format: MemoryFormatConfig = MISSING
     compile: CompileConfig = MISSING
     logger: LoggerConfig = MISSING
+    distributed: DistributedConfig = MISSING
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: str | None = None  # auto: the newest checkpoint in the run folder; or a path
     device_transforms: DeviceTransformsConfig = field(default_factory=DeviceTransformsConfig)
     batch_size_finder: BatchSizeFinderConfig = field(default_factory=BatchSizeFinderConfig)
     batch_size: Any = 64  # per device: an integer >= 1, or "auto" (batch_finder.py)
@@ -137,6 +172,18 @@ class Config:
 ConfigStore.instance().store(name="gearshift_schema", node=Config)
 
 
+def run_folder_name() -> str:
+    """The run folder's name: its start time, or under torchrun its run id, which every rank
+    and every restart of the job share (so a restart resumes from the same checkpoints)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return f"torchrun_{run_id}"
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
+OmegaConf.register_new_resolver("gearshift_run_folder", run_folder_name, use_cache=True)
+
+
 AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -144,7 +191,19 @@ OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine")
 LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
-DATASETS = ("synthetic",)
+STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
+BACKENDS = ("auto", "nccl", "gloo")
+DATASETS = ("synthetic", "imagefolder", "cifar10")
+CHECK_IMAGES = ("header", "decode", "off")
+# Data keys that only act on data read from disk, with their do-nothing values.
+DISK_ONLY = {
+    "path": None,
+    "stage_to": None,
+    "download": False,
+    "augment": False,
+    "mean": None,
+    "std": None,
+}
 
 
 def _fail(key: str, value: Any, allowed: str) -> None:
@@ -194,10 +253,18 @@ def _check_dataloader(cfg: DictConfig) -> None:
 
 def _check_data(cfg: DictConfig) -> None:
     _check_choice(cfg, "data.name", DATASETS)
-    for key in ("data.num_samples", "data.image_size", "data.channels"):
+    from_disk = cfg.data.name != "synthetic"
+    _check_int(cfg, "data.num_samples", 1, optional=from_disk)
+    _check_int(cfg, "data.num_val_samples", 0, optional=from_disk)
+    for key in ("data.image_size", "data.channels"):
         _check_int(cfg, key, 1)
-    _check_int(cfg, "data.num_val_samples", 0)
     _check_int(cfg, "data.num_classes", 2)
+    if from_disk:
+        _check_disk_data(cfg)
+        return
+    for key, idle in DISK_ONLY.items():
+        if cfg.data[key] != idle:
+            _fail(f"data.{key}", cfg.data[key], "it applies to data read from disk only")
     if (
         cfg.dataloader.drop_last
         and cfg.batch_size != "auto"
@@ -208,6 +275,57 @@ def _check_data(cfg: DictConfig) -> None:
             cfg.batch_size,
             f"with dataloader.drop_last=true it must be <= data.num_samples ({cfg.data.num_samples})",
         )
+
+
+def _check_disk_data(cfg: DictConfig) -> None:
+    """imagefolder and cifar10: the folder exists, and the values fit the source."""
+    data = cfg.data
+    name = data.name
+    if data.on_device:
+        _fail("data.on_device", True, f"only synthetic data is made on the device, not {name}")
+    if not 0 <= data.val_fraction < 1:
+        _fail("data.val_fraction", data.val_fraction, "expected a number >= 0 and < 1")
+    _check_choice(cfg, "data.check_images", CHECK_IMAGES)
+    allowed_channels = (3,) if name == "cifar10" else (1, 3)
+    if data.channels not in allowed_channels:
+        _fail(
+            "data.channels",
+            data.channels,
+            f"{name} takes {' or '.join(map(str, allowed_channels))}",
+        )
+    if name == "cifar10" and data.num_classes != 10:
+        _fail("data.num_classes", data.num_classes, "CIFAR-10 has 10 classes")
+    _check_normalisation(data)
+    if not data.path:
+        _fail("data.path", data.path, f"data={name} reads a folder: set data.path=/path/to/it")
+    path = Path(data.path).expanduser()
+    if not path.is_dir() and not (name == "cifar10" and data.download and not path.exists()):
+        what = "not a folder" if path.exists() else "no such folder"
+        fix = " or set data.download=true" if name == "cifar10" else ""
+        _fail("data.path", data.path, f"{what}; point it at the dataset's folder{fix}")
+    if data.stage_to:
+        stage_to = Path(data.stage_to).expanduser().resolve()
+        if stage_to.exists() and not stage_to.is_dir():
+            _fail("data.stage_to", data.stage_to, "it is a file; expected a folder")
+        if stage_to == path.resolve() or path.resolve() in stage_to.parents:
+            _fail(
+                "data.stage_to", data.stage_to, "it lies inside data.path; choose a folder outside"
+            )
+
+
+def _check_normalisation(data: DictConfig) -> None:
+    if (data.mean is None) != (data.std is None):
+        _fail(
+            "data.mean" if data.mean is None else "data.std",
+            None,
+            "set data.mean and data.std together",
+        )
+    for key in ("mean", "std"):
+        values = data[key]
+        if values is not None and len(values) != data.channels:
+            _fail(f"data.{key}", list(values), f"expected {data.channels} values, one per channel")
+    if data.std is not None and min(data.std) <= 0:
+        _fail("data.std", list(data.std), "expected numbers > 0")
 
 
 def _check_optimizer(cfg: DictConfig) -> None:
@@ -262,6 +380,40 @@ def _check_device_transforms(cfg: DictConfig) -> None:
     _check_int(cfg, "device_transforms.crop_padding", 0)
 
 
+def _check_distributed(cfg: DictConfig) -> None:
+    import torch
+
+    _check_choice(cfg, "distributed.strategy", STRATEGIES)
+    _check_choice(cfg, "distributed.backend", BACKENDS)
+    for key in ("distributed.nproc_per_node", "distributed.timeout_s", "distributed.bucket_cap_mb"):
+        _check_int(cfg, key, 1)
+    _check_int(cfg, "distributed.max_restarts", 0)
+    d = cfg.distributed
+    launched = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
+    if d.strategy in ("ddp", "fsdp") and not launched and d.nproc_per_node == 1:
+        _fail(
+            "distributed",
+            d.strategy,
+            "it needs several processes: launch it with torchrun --nproc_per_node=N train.py ... "
+            "or add distributed.nproc_per_node=N",
+        )
+    if d.strategy == "dp" and (cfg.device == "cpu" or not torch.cuda.is_available()):
+        _fail("distributed", "dp", "DataParallel needs CUDA devices; use distributed=ddp on CPU")
+    if d.strategy == "fsdp" and cfg.resume:
+        _fail("resume", cfg.resume, "resuming is not supported under distributed=fsdp yet")
+    if d.strategy in ("dp", "none") and d.nproc_per_node > 1:
+        _fail(
+            "distributed.nproc_per_node",
+            d.nproc_per_node,
+            f"it starts DDP ranks; distributed={d.strategy} runs one process",
+        )
+
+
+def _check_resume(resume: str | None) -> None:
+    if resume not in (None, "auto") and not Path(resume).is_file():
+        _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed."""
     _check_model(cfg)
@@ -276,6 +428,10 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "warmup_steps", 0)
     _check_int(cfg, "max_steps", 1, optional=True)
     _check_int(cfg, "val_every_n_steps", 1, optional=True)
+    _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
+    _check_int(cfg, "checkpoint.keep", 1)
+    _check_resume(cfg.resume)
+    _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)
     _check_device_transforms(cfg)

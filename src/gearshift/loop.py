@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,17 +22,36 @@ from torch import nn
 
 from gearshift.advisor import advise, log_findings
 from gearshift.batch_finder import resolve_batch_size
+from gearshift.checkpoint import (
+    Position,
+    find_resume,
+    load_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
 from gearshift.console import print_summary, progress_bar
 from gearshift.data import build_data, resolve_num_workers, resolve_pin_memory, to_device
 from gearshift.device_transforms import DeviceTransforms
+from gearshift.distributed import (
+    destroy_process_group,
+    gather_sum_max,
+    grad_sync,
+    init_process_group,
+    rank_zero_value,
+    ranks_from_environment,
+    resolve_strategy,
+    wrap_model,
+)
 from gearshift.loggers import NullLogger, build_logger, write_json_atomic
 from gearshift.metrics import Interval, PerfMeter, memory_metrics, peak_memory
 from gearshift.mfu import MFU
 from gearshift.models import build_model, maybe_compile
 from gearshift.optim import build_optimizer, build_schedule
 from gearshift.precision import Precision, resolve_amp_dtype
+from gearshift.preemption import StopRequest, TrainingStopped
 from gearshift.prefetch import prefetch_active, prefetch_to_device
-from gearshift.runtime import configure_backends, is_rank_zero, resolve_device, seed_everything
+from gearshift.runtime import configure_backends, resolve_device, seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +78,7 @@ def timed(batches: Iterable, meter: PerfMeter) -> Iterator:
 
 @torch.inference_mode()  # tip 14: no autograd graph, no version counters
 def evaluate(model: nn.Module, batches: Iterable, place, precision: Precision) -> dict[str, float]:
+    """Loss and accuracy over every rank's share of the validation set."""
     model.eval()
     device = next(model.parameters()).device
     loss_sum = torch.zeros((), device=device)
@@ -71,12 +92,29 @@ def evaluate(model: nn.Module, batches: Iterable, place, precision: Precision) -
         correct += (logits.argmax(dim=1) == labels).sum()
         count += labels.shape[0]
     model.train()
-    return {"val_loss": loss_sum.item() / count, "val_accuracy": correct.item() / count}
+    (loss, right, seen), _ = gather_sum_max([loss_sum.item(), correct.item(), count], [], device)
+    return {"val_loss": loss / seen, "val_accuracy": right / seen}
 
 
 def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResult:
-    """Train as `cfg` says; write summary.json (and W&B) into `run_dir` on rank 0."""
-    device = resolve_device(cfg.device)
+    """Train as `cfg` says; write summary.json, checkpoints and W&B into `run_dir` (rank 0)."""
+    ranks = ranks_from_environment()
+    strategy = resolve_strategy(cfg.distributed.strategy, ranks)  # 18
+    device = resolve_device(cfg.device, ranks.local_rank)
+    if not ranks.is_zero:  # rank 0 speaks for the job
+        logging.getLogger("gearshift").setLevel(logging.WARNING)
+    if strategy in ("ddp", "fsdp"):
+        init_process_group(ranks, device, cfg.distributed)
+        run_dir = Path(rank_zero_value(str(run_dir)))  # one run folder, rank 0's, for every rank
+    try:
+        return _fit(cfg, run_dir, run_name, ranks, strategy, device)
+    finally:
+        destroy_process_group()
+
+
+def _fit(
+    cfg: DictConfig, run_dir: Path, run_name: str | None, ranks, strategy, device
+) -> RunResult:
     seed_everything(cfg.seed)
     configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
     precision = Precision(resolve_amp_dtype(cfg.amp.dtype, device), device)  # 11
@@ -90,23 +128,31 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
         images, labels = to_device(batch, device, non_blocking, memory_format)
         return transforms(images, train), labels  # normalise (and augment) on the device
 
-    train_batches, val_batches = build_data(cfg, device)  # 2, 3, 4, 6
+    train_batches, val_batches = build_data(cfg, device, ranks.rank, ranks.world_size)  # 2-4, 6
     train_batches = prefetch_to_device(train_batches, cfg, device, memory_format)  # 7
     val_batches = prefetch_to_device(val_batches, cfg, device, memory_format)
     model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
     model.train()
     advice = advise(cfg, model, device, precision.dtype)  # 9, 10, 15-18: once, with the fix
-    log_findings(advice)
-    mfu = MFU.measure(model, cfg, device, precision, memory_format)
+    if ranks.is_zero:
+        log_findings(advice)
+    mfu = MFU.measure(model, cfg, device, precision, memory_format, strategy)
+    forward = wrap_model(maybe_compile(model, cfg.compile), strategy, device, cfg.distributed)  # 8
     optimizer = build_optimizer(model, cfg.optimizer)
     batches_per_epoch = len(train_batches)
     total_steps = cfg.max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
     schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
-    forward = maybe_compile(model, cfg.compile)  # 8
-
-    gears = resolved_gears(cfg, precision, device)
-    rank_zero = is_rank_zero()
     config = OmegaConf.to_container(cfg, resolve=True)
+    checkpoints = run_dir / "checkpoints"
+    position = Position()
+    if resume_from := find_resume(cfg.resume, checkpoints):
+        state = load_checkpoint(resume_from)
+        position = restore_training_state(
+            state, resume_from, model, optimizer, precision.scaler, schedule
+        )
+
+    gears = resolved_gears(cfg, precision, device, strategy)
+    rank_zero = ranks.is_zero
     logger = build_logger(cfg.logger, run_dir, config, run_name) if rank_zero else NullLogger()
     meter = PerfMeter(device, cfg.warmup_steps)
     n_params = sum(p.numel() for p in model.parameters())
@@ -118,33 +164,55 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
         total_steps,
     )
 
-    step = samples = window_samples = 0
+    step, samples, epoch, start_batch = (
+        position.step,
+        position.samples,
+        position.epoch,
+        position.batch,
+    )
+    window_samples = 0
     last_loss = float("nan")
     val: dict[str, float | None] = {"val_loss": None, "val_accuracy": None}
     loss_sum = torch.zeros((), device=device)  # summed on the device, read at log steps only
+    stop_agreed = False  # several ranks stop together, deciding at a log step
     summary: dict[str, Any] | None = None
     bar = progress_bar(enabled=rank_zero and cfg.progress_bar)
 
+    def save_checkpoint_at(next_batch: int) -> None:
+        if not rank_zero or strategy == "fsdp":  # sharded state needs torch.distributed.checkpoint
+            return
+        done_epoch = next_batch == batches_per_epoch  # the next batch opens the next epoch
+        where = Position(step, epoch + done_epoch, 0 if done_epoch else next_batch, samples)
+        state = training_state(config, model, optimizer, precision.scaler, schedule, where)
+        save_checkpoint(state, checkpoints, step, keep=cfg.checkpoint.keep)
+
     def log_point() -> None:
-        nonlocal last_loss
+        nonlocal last_loss, stop_agreed
         loss_total = loss_sum.item()  # the loop's one host-device sync
         loss_sum.zero_()
         interval = meter.flush()
-        last_loss = loss_total / interval.steps
+        peak_bytes, _ = peak_memory(device)
+        (loss_total, global_samples, stops), (peak_bytes,) = gather_sum_max(
+            [loss_total, interval.samples, float(bool(stop))], [peak_bytes], device
+        )
+        last_loss = loss_total / (interval.steps * ranks.world_size)
+        stop_agreed = stops > 0
+        samples_per_sec = global_samples / interval.seconds
         metrics = {
             "train/loss": last_loss,
             "train/lr": optimizer.param_groups[0]["lr"],
-            "perf/samples_per_sec": interval.samples_per_sec,
+            "perf/samples_per_sec": samples_per_sec,
             "perf/step_time_ms": interval.median_step_ms,
             "perf/data_wait_pct": interval.data_wait_pct,
-            **mfu.metrics(interval.samples_per_sec),
+            **mfu.metrics(samples_per_sec / ranks.world_size),
+            "mem/peak_gib": peak_bytes / 2**30,
             **memory_metrics(device),
         }
         if precision.scaler.is_enabled():
             metrics["amp/grad_scale"] = precision.grad_scale()
             metrics["amp/skipped_steps"] = int(precision.skipped_steps)
         logger.log(metrics, step=step)
-        bar.update(task, completed=step, samples_per_sec=interval.samples_per_sec, loss=last_loss)
+        bar.update(task, completed=step, samples_per_sec=samples_per_sec, loss=last_loss)
         bar.refresh()
 
     def validate() -> None:
@@ -156,22 +224,25 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
             meter.resume()  # validation time is not training time
 
     try:
-        with bar:
+        with bar, StopRequest() as stop:
             task = bar.add_task("train", total=total_steps, samples_per_sec=0.0, loss=float("nan"))
+            bar.update(task, completed=step)
             meter.resume()
             while step < total_steps:
-                for i, batch in enumerate(timed(train_batches, meter)):
+                train_batches.set_epoch(epoch, start_batch)
+                for i, batch in enumerate(timed(train_batches, meter), start=start_batch):
                     window_start = i - i % cfg.accum
-                    window = min(cfg.accum, batches_per_epoch - window_start)  # last may be short
+                    window_end = min(window_start + cfg.accum, batches_per_epoch)  # may be short
                     images, labels = place(batch, train=True)
-                    with precision.autocast():
-                        loss = F.cross_entropy(forward(images), labels)
-                    if window > 1:
-                        loss = loss / window  # 13: the window's gradients sum to its mean
-                    precision.backward(loss)
+                    with grad_sync(forward, enabled=i + 1 == window_end):  # 13: one all-reduce
+                        with precision.autocast():
+                            loss = F.cross_entropy(forward(images), labels)
+                        if window_end - window_start > 1:
+                            loss = loss / (window_end - window_start)  # grads sum to the mean
+                        precision.backward(loss)
                     loss_sum += loss.detach()
                     window_samples += labels.shape[0]
-                    if i + 1 < window_start + window:
+                    if i + 1 < window_end:
                         continue  # accumulate: the optimizer steps once per window
                     precision.step(optimizer)
                     optimizer.zero_grad(set_to_none=cfg.optimizer.set_to_none)  # 12
@@ -184,51 +255,89 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
                     at_end = step == total_steps
                     if step % cfg.log_every_n_steps == 0 or step == cfg.warmup_steps or at_end:
                         log_point()
+                    stopping = stop_agreed if ranks.world_size > 1 else bool(stop)
+                    every = cfg.checkpoint.every_n_steps
+                    if (
+                        stopping
+                        or (every and step % every == 0)
+                        or (at_end and cfg.checkpoint.at_end)
+                    ):
+                        save_checkpoint_at(next_batch=i + 1)
+                    if stopping:
+                        raise TrainingStopped(stop.signum or signal.SIGTERM, step)
                     if cfg.val_every_n_steps and step % cfg.val_every_n_steps == 0 and not at_end:
                         validate()
                     if at_end:
                         break
+                epoch, start_batch = epoch + 1, 0
         validate()
-        steady = meter.steady_state()
-        peak_bytes, peak_kind = peak_memory(device)
-        world_size = 1
-        summary = {
-            "samples_per_sec": steady.samples_per_sec * world_size,
-            "samples_per_sec_per_device": steady.samples_per_sec,
-            "step_time_ms": steady.median_step_ms,
-            "data_wait_pct": steady.data_wait_pct,
-            "peak_memory_bytes": peak_bytes,
-            "peak_memory_kind": peak_kind,
-            "final_loss": last_loss,
-            "steps": step,
-            "samples": samples * world_size,
-            "world_size": world_size,
-            "device": str(device),
-            "gears": gears,
-            **val,
-            **mfu.summary(steady.samples_per_sec),
+        summary = make_summary(
+            meter, device, ranks.world_size, step, samples, last_loss, gears, val
+        )
+        summary |= {
+            **mfu.summary(summary["samples_per_sec_per_device"]),
             "batch_size_finder": batch_choice.as_dict() if batch_choice else None,
             "advice": [finding.as_dict() for finding in advice],
         }
         if rank_zero:
             write_json_atomic(run_dir / "summary.json", summary)
-            log.info(
-                "%.1f samples/s, step %.1f ms, data wait %.1f%%, peak %s %.0f MiB, loss %.4f",
-                summary["samples_per_sec"],
-                summary["step_time_ms"],
-                summary["data_wait_pct"],
-                peak_kind,
-                peak_bytes / 2**20,
-                last_loss,
-            )
+            log_summary(summary)
             if cfg.progress_bar:
                 print_summary(summary)
     finally:
         logger.finish(summary)
-    return RunResult(model=model, optimizer=optimizer, summary=summary, steady=steady)
+    return RunResult(model=model, optimizer=optimizer, summary=summary, steady=meter.steady_state())
 
 
-def resolved_gears(cfg: DictConfig, precision: Precision, device: torch.device) -> dict[str, Any]:
+def make_summary(
+    meter: PerfMeter,
+    device: torch.device,
+    world_size: int,
+    steps: int,
+    samples: int,
+    final_loss: float,
+    gears: dict[str, Any],
+    val: dict[str, float | None],
+) -> dict[str, Any]:
+    """summary.json: the keys DESIGN.md promises, always all of them, reduced over ranks."""
+    steady = meter.steady_state()
+    local_peak, peak_kind = peak_memory(device)
+    (steady_samples,), (seconds, peak_bytes) = gather_sum_max(
+        [steady.samples], [steady.seconds, local_peak], device
+    )
+    samples_per_sec = steady_samples / seconds if seconds > 0 else 0.0
+    return {
+        "samples_per_sec": samples_per_sec,
+        "samples_per_sec_per_device": samples_per_sec / world_size,
+        "step_time_ms": steady.median_step_ms,
+        "data_wait_pct": steady.data_wait_pct,
+        "peak_memory_bytes": int(peak_bytes),
+        "peak_memory_kind": peak_kind,
+        "final_loss": final_loss,
+        "steps": steps,
+        "samples": samples * world_size,
+        "world_size": world_size,
+        "device": str(device),
+        "gears": gears,
+        **val,
+    }
+
+
+def log_summary(summary: dict[str, Any]) -> None:
+    log.info(
+        "%.1f samples/s, step %.1f ms, data wait %.1f%%, peak %s %.0f MiB, loss %.4f",
+        summary["samples_per_sec"],
+        summary["step_time_ms"],
+        summary["data_wait_pct"],
+        summary["peak_memory_kind"],
+        summary["peak_memory_bytes"] / 2**20,
+        summary["final_loss"],
+    )
+
+
+def resolved_gears(
+    cfg: DictConfig, precision: Precision, device: torch.device, strategy: str
+) -> dict[str, Any]:
     """The switches as they act on this machine (amp=on resolved to its dtype, workers counted)."""
     dl = cfg.dataloader
     on_device = cfg.data.on_device
@@ -252,4 +361,5 @@ def resolved_gears(cfg: DictConfig, precision: Precision, device: torch.device) 
         "fused": cfg.optimizer.fused,
         "foreach": cfg.optimizer.foreach,
         "set_to_none": cfg.optimizer.set_to_none,
+        "distributed": strategy,
     }

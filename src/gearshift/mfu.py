@@ -200,10 +200,15 @@ class MFU:
         device: torch.device,
         precision: Precision,
         memory_format: torch.memory_format,
+        strategy: str = "none",
     ) -> MFU:
         flops = _measure_flops(model, cfg.data, device, precision, memory_format)
         dtype = compute_dtype(precision, device, model)
         peak, source = peak_flops(device, dtype, cfg.matmul_precision)
+        if peak and strategy == "dp" and torch.cuda.device_count() > 1:
+            # DataParallel: one process, so "per device" figures cover all its GPUs
+            peak *= torch.cuda.device_count()
+            source += f" x {torch.cuda.device_count()} GPUs (DataParallel)"
         log.info(
             "%.3g FLOPs per sample (forward + backward); peak %s FLOP/s (%s)",
             flops,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 
 import numpy as np
@@ -12,21 +11,13 @@ import torch
 log = logging.getLogger(__name__)
 
 
-def rank() -> int:
-    """This process's global rank (0 when not launched as one of several)."""
-    return int(os.environ.get("RANK", "0"))
-
-
-def is_rank_zero() -> bool:
-    return rank() == 0
-
-
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """auto: CUDA when present, else CPU; a bare "cuda" is this rank's local device."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = torch.device("cuda", local_rank)
     return device
 
 

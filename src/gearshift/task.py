@@ -8,8 +8,10 @@ allowed, a non-zero exit, and no run folder: Hydra creates that only afterwards.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -20,7 +22,9 @@ from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from gearshift.checkpoint import CheckpointError
 from gearshift.config import ConfigError, check_config
+from gearshift.preemption import TrainingStopped
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +36,48 @@ _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experim
 
 def train(cfg: DictConfig) -> float:
     """Hydra's task function: check, train, return the final loss (a sweeper's objective)."""
-    from gearshift.loop import fit  # torch and friends load after the config is known good
+    from gearshift.distributed import launch_local  # torch loads once the config is known good
+    from gearshift.loop import fit
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_name = HydraConfig.get().job.override_dirname or None
     try:
         check_config(cfg)
-    except ConfigError as error:
-        log.error("%s", error)
+        # fit raises ConfigError too, before its first step, when the data is unusable
+        if cfg.distributed.nproc_per_node > 1 and "RANK" not in os.environ:
+            summary = launch_local(cfg, run_dir, run_name)  # the ranks run `fit` themselves
+        else:
+            summary = fit(cfg, run_dir, run_name).summary
+    except (ConfigError, CheckpointError) as error:
         _remove_empty_run_dir(run_dir)
-        raise SystemExit(EXIT_BAD_CONFIG) from None
-    result = fit(cfg, run_dir, run_name=HydraConfig.get().job.override_dirname or None)
-    return result.summary["final_loss"]
+        _exit(str(error))
+    except TrainingStopped as stopped:
+        log.warning(
+            "%s; checkpoint saved in %s: run the same command with resume=auto "
+            "(and the same hydra.run.dir) to continue",
+            stopped,
+            run_dir / "checkpoints",
+        )
+        raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
+    return summary["final_loss"]
 
 
 def _remove_empty_run_dir(run_dir: Path) -> None:
-    """Drop a run folder that holds nothing but what Hydra wrote before the task began."""
+    """Drop a run folder that holds nothing but what Hydra wrote before the task began,
+    and the folders above it (runs/, multirun/<date>/) that it leaves empty."""
     leftovers = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}
-    if not leftovers:
-        logging.shutdown()  # close train.log before removing it
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if leftovers:
+        return
+    logging.shutdown()  # close train.log before removing it
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in run_dir.resolve().parents:
+        if cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
 
 
 def _describe(error: Exception, override: str | None) -> str:
@@ -86,7 +113,10 @@ def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | Non
 
 
 def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | None = None) -> None:
-    """Exit with one clear line if the command line would compose a bad config."""
+    """Exit with one clear line if the command line would compose a bad config; on ranks
+    other than 0 (torchrun, srun), point Hydra's own files away from the run folder."""
+    if argv is None:
+        _hydra_output_on_rank_zero_only(sys.argv)
     argv = sys.argv[1:] if argv is None else argv
     if any(a.split("=")[0] in _HYDRA_INFO_FLAGS | _HYDRA_CONFIG_FLAGS for a in argv):
         return
@@ -112,6 +142,15 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
                 _exit(str(error))
             except (HydraException, OmegaConfBaseException) as error:
                 _exit(_describe(error, swept or _culprit(error, variant)))
+
+
+def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
+    rank = os.environ.get("RANK") or (
+        os.environ.get("SLURM_PROCID") if int(os.environ.get("SLURM_NTASKS", "1")) > 1 else None
+    )
+    if rank and rank != "0":
+        scratch = Path(tempfile.gettempdir()) / f"gearshift-rank{rank}-{os.getpid()}"
+        argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=stdout"]
 
 
 def _culprit(error: Exception, overrides: list[str]) -> str | None:

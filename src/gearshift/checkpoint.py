@@ -1,0 +1,159 @@
+"""Checkpoints that survive crashes, and the state a resumed run needs to continue exactly.
+
+A checkpoint is written to a temporary file, flushed to disk and renamed over its final
+name, so a crash mid-save leaves the previous checkpoints untouched and never a torn
+file under a real name. Everything in it loads with `torch.load(weights_only=True)`:
+tensors, numbers, strings and containers of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+NAME = re.compile(r"^step_(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used for this run; the message is one line."""
+
+
+@dataclass
+class Position:
+    """Where training stands: steps done and the next batch to train on."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0  # index of the next batch within `epoch`
+    samples: int = 0
+
+
+def find_resume(resume: str | None, folder: Path) -> Path | None:
+    """resume=null: start fresh; auto: the newest checkpoint in `folder`, if any; else a path."""
+    if resume is None:
+        return None
+    if resume != "auto":
+        return Path(resume)
+    path = latest_checkpoint(folder) if folder.is_dir() else None
+    if path is None:
+        log.info("resume=auto: no checkpoint in %s yet, starting fresh", folder)
+    return path
+
+
+def checkpoint_path(folder: Path, step: int) -> Path:
+    return folder / f"step_{step:09d}.pt"
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The complete checkpoint with the highest step in `folder` (temporary files ignored)."""
+    found = [(int(m[1]), p) for p in folder.glob("step_*.pt") if (m := NAME.match(p.name))]
+    return max(found)[1] if found else None
+
+
+def save_checkpoint(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
+    """Write atomically, then drop all but the newest `keep` checkpoints."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_path(folder, step)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as file:
+        torch.save(state, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+    steps = sorted(int(m[1]) for p in folder.glob("step_*.pt") if (m := NAME.match(p.name)))
+    for old in steps[:-keep]:
+        checkpoint_path(folder, old).unlink(missing_ok=True)
+    for stale in folder.glob(".step_*.pt.tmp"):  # left by a save that crashed
+        if stale != tmp:
+            stale.unlink(missing_ok=True)
+    log.info("checkpoint: %s", path)
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(
+            f"resume={str(path)!r}: not a readable checkpoint ({error})"
+        ) from None
+
+
+def rng_state() -> dict[str, Any]:
+    numpy_state = np.random.get_state()
+    state = {
+        "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
+        "numpy": [
+            numpy_state[0],
+            torch.from_numpy(numpy_state[1].astype(np.int64)),
+            *numpy_state[2:],
+        ],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load_model_state(model: torch.nn.Module, checkpoint: dict[str, Any], path: Path) -> None:
+    """Load the weights, or say in one line why this checkpoint belongs to another model."""
+    ours, theirs = model.state_dict(), checkpoint["model"]
+    missing, unexpected = ours.keys() - theirs.keys(), theirs.keys() - ours.keys()
+    reshaped = [k for k in ours.keys() & theirs.keys() if ours[k].shape != theirs[k].shape]
+    if missing or unexpected or reshaped:
+        target = checkpoint.get("config", {}).get("model", {}).get("_target_")
+        example = sorted(missing or unexpected or reshaped)[0]
+        raise CheckpointError(
+            f"resume={str(path)!r}: the checkpoint holds another model ({target}): "
+            f"{len(missing)} missing, {len(unexpected)} unexpected and {len(reshaped)} "
+            f"reshaped tensors (e.g. {example!r})"
+        )
+    model.load_state_dict(theirs)
+
+
+def training_state(
+    config: dict, model: torch.nn.Module, optimizer, scaler, schedule, position: Position
+) -> dict[str, Any]:
+    return {
+        "config": config,
+        "position": asdict(position),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict(),
+        "schedule": schedule.state_dict() if schedule is not None else None,
+        "rng": rng_state(),
+    }
+
+
+def restore_training_state(
+    checkpoint: dict[str, Any], path: Path, model: torch.nn.Module, optimizer, scaler, schedule
+) -> Position:
+    load_model_state(model, checkpoint, path)
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    scaler.load_state_dict(checkpoint["scaler"])
+    if schedule is not None and checkpoint["schedule"] is not None:
+        schedule.load_state_dict(checkpoint["schedule"])
+    restore_rng_state(checkpoint["rng"])
+    position = Position(**checkpoint["position"])
+    log.info("resumed from %s at step %d", path, position.step)
+    return position

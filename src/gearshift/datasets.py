@@ -1,0 +1,331 @@
+"""Datasets read from disk: `data=imagefolder` (your images) and `data=cifar10`.
+
+Both hand images over as tensors built with `torch.from_numpy` (tip 6: no copy, no
+per-pixel Python), then run the same torchvision transforms v2 pipeline: resize to
+`data.image_size`, optional light augmentation, float32 in [0, 1], optional normalisation.
+
+Problems with the data itself (no images, a file that is not an image, a class count
+other than `data.num_classes`) raise `ConfigError` here, before any training step, and
+are reported like a bad config value: one line naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+from collections import defaultdict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+from gearshift.config import ConfigError
+from gearshift.staging import file_lock, stage
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
+PIL_MODES = {1: "L", 3: "RGB"}  # data.channels -> the mode images are converted to
+CIFAR_FOLDER = "cifar-10-batches-py"
+CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR_TEST = "test_batch"
+CIFAR_SIZE = 32
+
+
+def _bad_path(path: Path | str, reason: str) -> ConfigError:
+    return ConfigError(f"data.path={str(path)!r} is not allowed; {reason}")
+
+
+# ---------------------------------------------------------------- transforms
+
+
+def image_transform(data: DictConfig, source_size: int | None, train: bool) -> v2.Compose:
+    """uint8 CHW tensor -> float32 CHW tensor of `data.image_size` squared.
+
+    Resizing keeps the aspect ratio (shorter side to the size, then a centre crop);
+    `source_size` names a size every image already has (CIFAR), which skips it.
+    `data.augment` adds a padded random crop and a horizontal flip to training images.
+    """
+    size = data.image_size
+    steps: list = []
+    if source_size != size:
+        steps += [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+    if data.augment and train:
+        steps += [v2.RandomCrop(size, padding=max(1, size // 8)), v2.RandomHorizontalFlip()]
+    steps.append(v2.ToDtype(torch.float32, scale=True))
+    if data.mean is not None:
+        steps.append(v2.Normalize(list(data.mean), list(data.std)))
+    return v2.Compose(steps)
+
+
+def take(count: int, limit: int | None, seed: int) -> list[int] | None:
+    """Indices of a seeded random subset of `limit` out of `count` (None: keep all)."""
+    if limit is None or limit >= count:
+        return None
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    return sorted(order[:limit].tolist())
+
+
+# ---------------------------------------------------------------- image folders
+
+
+def load_image(path: str, mode: str, size: int) -> torch.Tensor:
+    """Decode one file into a uint8 CHW tensor (`from_numpy` on PIL's pixels)."""
+    try:
+        with Image.open(path) as image:
+            image.draft(mode, (size, size))  # JPEG: decode at a reduced scale still >= size
+            pixels = np.array(image.convert(mode))  # HWC (or HW), a fresh writable array
+    except (OSError, ValueError) as error:  # damaged data behind a valid header
+        raise RuntimeError(f"cannot decode image {path}: {error}") from error
+    tensor = torch.from_numpy(pixels)
+    return tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1)
+
+
+class ImageFiles(Dataset):
+    """(path, label) pairs decoded on access, in the loader's worker processes."""
+
+    def __init__(
+        self, samples: Sequence[tuple[str, int]], classes: list[str], data: DictConfig, train: bool
+    ) -> None:
+        self.samples, self.classes = list(samples), classes
+        self.mode, self.size = PIL_MODES[data.channels], data.image_size
+        self.transform = image_transform(data, None, train)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        path, label = self.samples[index]
+        return self.transform(load_image(path, self.mode, self.size)), label
+
+
+def _visible_dirs(folder: Path) -> list[str]:
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
+
+
+def _images_under(folder: Path) -> list[str]:
+    """Image files anywhere below `folder`, sorted; hidden files and folders left out."""
+    found = []
+    for parent, dirs, files in os.walk(folder, followlinks=True):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [
+            os.path.join(parent, f)
+            for f in sorted(files)
+            if not f.startswith(".") and f.lower().endswith(IMAGE_EXTENSIONS)
+        ]
+    return found
+
+
+def index_class_folders(
+    root: Path, classes: list[str] | None = None
+) -> tuple[list[str], list[tuple[str, int]]]:
+    """(class names, (path, label) pairs) of `root`/<class>/<image>.
+
+    Classes are the sorted subfolder names; pass the training set's `classes` to index a
+    validation folder with the same labels.
+    """
+    names = _visible_dirs(root)
+    if classes is None:
+        classes = names
+    else:
+        unknown = sorted(set(names) - set(classes))
+        if unknown:
+            raise ValueError(f"{root} has class folder(s) not in train/: {', '.join(unknown)}")
+    label_of = {name: i for i, name in enumerate(classes)}
+    samples = [(path, label_of[name]) for name in names for path in _images_under(root / name)]
+    return classes, samples
+
+
+def split_by_class(
+    samples: list[tuple[str, int]], fraction: float, seed: int
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(train, val): a seeded `fraction` of every class goes to validation."""
+    by_class: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for sample in samples:
+        by_class[sample[1]].append(sample)
+    generator = torch.Generator().manual_seed(seed)
+    train, val = [], []
+    for label in sorted(by_class):
+        items = by_class[label]
+        order = torch.randperm(len(items), generator=generator).tolist()
+        cut = round(len(items) * fraction)
+        val += [items[i] for i in order[:cut]]
+        train += [items[i] for i in order[cut:]]
+    return train, val
+
+
+def _image_problem(path: str, decode: bool) -> str | None:
+    """Why `path` cannot be used as an image, or None when it can."""
+    try:
+        with Image.open(path) as image:  # reads the header only
+            if decode:
+                image.load()
+    except UnidentifiedImageError:
+        return "not an image file PIL can read"
+    except (OSError, ValueError) as error:
+        return str(error) or type(error).__name__
+    return None
+
+
+def find_bad_images(paths: Sequence[str], how: str) -> list[tuple[str, str]]:
+    """(path, why) for each unreadable file: `header` opens each file, `decode` loads it."""
+    if how == "off" or not paths:
+        return []
+    decode = how == "decode"
+    with ThreadPoolExecutor(max_workers=min(32, 4 * (os.cpu_count() or 1))) as pool:
+        problems = list(pool.map(lambda p: _image_problem(p, decode), paths, chunksize=64))
+    return [(path, problem) for path, problem in zip(paths, problems, strict=True) if problem]
+
+
+def image_folder_datasets(cfg: DictConfig, root: Path) -> tuple[ImageFiles, ImageFiles | None]:
+    """`root`/train/<class>/... (+ `root`/val/<class>/...) or `root`/<class>/... split by ratio."""
+    data = cfg.data
+    train_root = root / "train" if (root / "train").is_dir() else root
+    classes, train = index_class_folders(train_root)
+    if not train:
+        raise _bad_path(
+            data.path,
+            f"found no images ({', '.join(IMAGE_EXTENSIONS)}) in class folders; "
+            "expected data.path/<class>/<image> or data.path/train/<class>/<image>",
+        )
+    empty = sorted(set(classes) - {classes[label] for _, label in train})
+    if empty:
+        raise _bad_path(data.path, f"class folder(s) with no images: {', '.join(empty)}")
+    if len(classes) != data.num_classes:
+        shown = ", ".join(classes[:5]) + (", ..." if len(classes) > 5 else "")
+        raise ConfigError(
+            f"data.num_classes={data.num_classes} is not allowed; {train_root} has "
+            f"{len(classes)} class folders ({shown}); set data.num_classes={len(classes)}"
+        )
+    if (root / "val").is_dir() and train_root != root:
+        try:
+            _, val = index_class_folders(root / "val", classes)
+        except ValueError as error:
+            raise _bad_path(data.path, f"{error}; rename or remove them") from None
+    else:
+        train, val = split_by_class(train, data.val_fraction, data.split_seed)
+    train = _subset(train, data.num_samples, data.split_seed)
+    val = _subset(val, data.num_val_samples, data.split_seed)
+    bad = find_bad_images([path for path, _ in train + val], data.check_images)
+    if bad:
+        more = f" ({len(bad)} damaged files in all)" if len(bad) > 1 else ""
+        raise _bad_path(data.path, f"{bad[0][0]}: {bad[0][1]}{more}; remove or replace it")
+    log.info(
+        "data: %d training and %d validation images in %d classes from %s",
+        len(train),
+        len(val),
+        len(classes),
+        root,
+    )
+    train_set = ImageFiles(train, classes, data, train=True)
+    return train_set, (ImageFiles(val, classes, data, train=False) if val else None)
+
+
+def _subset(samples: list, limit: int | None, seed: int) -> list:
+    keep = take(len(samples), limit, seed)
+    return samples if keep is None else [samples[i] for i in keep]
+
+
+# ---------------------------------------------------------------- CIFAR-10
+
+
+class TensorImageSet(Dataset):
+    """uint8 NCHW images held in memory; each item goes through the transform."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: v2.Compose) -> None:
+        self.images, self.labels, self.transform = images, labels, transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.transform(self.images[index]), self.labels[index]
+
+
+def cifar_folder(root: Path) -> Path:
+    """The folder holding the batch files: `root`/cifar-10-batches-py, or `root` itself."""
+    for folder in (root / CIFAR_FOLDER, root):
+        if (folder / CIFAR_TRAIN[0]).is_file():
+            missing = [f for f in (*CIFAR_TRAIN, CIFAR_TEST) if not (folder / f).is_file()]
+            if missing:
+                raise _bad_path(root, f"{folder} lacks {', '.join(missing)}")
+            return folder
+    raise _bad_path(
+        root,
+        f"it holds no {CIFAR_FOLDER}/ with data_batch_1..5 and test_batch; "
+        "point data.path at the folder that holds it, or set data.download=true",
+    )
+
+
+def read_cifar_batches(files: Sequence[Path]) -> tuple[torch.Tensor, torch.Tensor]:
+    """CIFAR's pickled batches -> (uint8 N x 3 x 32 x 32, int64 N), via `from_numpy`."""
+    images, labels = [], []
+    for file in files:
+        try:
+            with open(file, "rb") as handle:
+                batch = pickle.load(handle, encoding="latin1")
+            images.append(np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            labels.append(np.asarray(batch["labels"], dtype=np.int64))
+        except Exception as error:  # unpickling raises many kinds; all mean the same here
+            raise ValueError(f"{file} is not a CIFAR-10 batch file ({error!r})") from error
+    # One array each: per-item indexing of these tensors copies nothing (tip 6).
+    return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
+
+
+def download_cifar(root: Path) -> None:
+    """Fetch and verify the archive through torchvision, one process at a time."""
+    from torchvision.datasets import CIFAR10
+
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".gearshift-download.lock"):
+        CIFAR10(str(root), train=True, download=True)
+
+
+def cifar_datasets(cfg: DictConfig, folder: Path) -> tuple[TensorImageSet, TensorImageSet | None]:
+    data = cfg.data
+    try:
+        train_images, train_labels = read_cifar_batches([folder / f for f in CIFAR_TRAIN])
+        val_images, val_labels = read_cifar_batches([folder / CIFAR_TEST])
+    except ValueError as error:
+        raise _bad_path(data.path, f"{error}; replace it with the original file") from None
+    for labels in (train_labels, val_labels):
+        if len(labels) and int(labels.max()) >= data.num_classes:
+            raise _bad_path(data.path, f"it has label {int(labels.max())}; CIFAR-10 has 0..9")
+    sets = []
+    for images, labels, limit, train in (
+        (train_images, train_labels, data.num_samples, True),
+        (val_images, val_labels, data.num_val_samples, False),
+    ):
+        keep = take(len(labels), limit, data.split_seed)
+        if keep is not None:
+            images, labels = images[keep], labels[keep]
+        transform = image_transform(data, CIFAR_SIZE, train)
+        sets.append(TensorImageSet(images, labels, transform))
+    log.info("data: CIFAR-10, %d training and %d test images from %s", *map(len, sets), folder)
+    return sets[0], (sets[1] if len(sets[1]) else None)
+
+
+# ---------------------------------------------------------------- dispatch
+
+
+def build_datasets(cfg: DictConfig) -> tuple[Dataset, Dataset | None]:
+    """(train, validation or None) for a source read from disk, staged first if asked."""
+    data = cfg.data
+    root = Path(data.path).expanduser()
+    if data.name == "cifar10":
+        if data.download:
+            download_cifar(root)
+        folder = cifar_folder(root)
+        if data.stage_to:
+            folder = stage(folder, Path(data.stage_to))
+        return cifar_datasets(cfg, folder)
+    if data.stage_to:
+        root = stage(root, Path(data.stage_to))
+    return image_folder_datasets(cfg, root)

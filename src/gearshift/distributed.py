@@ -1,0 +1,218 @@
+"""Distributed gears (tip 18): DDP done right, DataParallel and FSDP to compare.
+
+Where the ranks come from: torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR/PORT), else SLURM's (one task per device), else `distributed.nproc_per_node`
+starts them here through torch's elastic launcher (`launch_local`). The process group is
+nccl on CUDA and gloo on CPU; a collective that waits longer than
+`distributed.timeout_s` for a dead rank fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_zero(self) -> bool:
+        return self.rank == 0
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: "gpu[07-09,12],cpu3" -> "gpu07"."""
+    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    prefix, ranges = match[1], match[2]
+    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+
+
+def adopt_slurm_environment() -> None:
+    """Under `srun` with several tasks and no torchrun, SLURM's variables name the ranks."""
+    if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) < 2:
+        return
+    os.environ.update(
+        RANK=os.environ["SLURM_PROCID"],
+        WORLD_SIZE=os.environ["SLURM_NTASKS"],
+        LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
+        MASTER_ADDR=os.environ.get("MASTER_ADDR")
+        or first_slurm_host(os.environ.get("SLURM_JOB_NODELIST", "localhost")),
+        MASTER_PORT=os.environ.get("MASTER_PORT")
+        or str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000),
+    )
+
+
+def ranks_from_environment() -> Ranks:
+    adopt_slurm_environment()
+    return Ranks(
+        rank=int(os.environ.get("RANK", "0")),
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+    )
+
+
+def resolve_strategy(choice: str, ranks: Ranks) -> str:
+    """distributed=auto: DDP whenever this process is one of several ranks, else none."""
+    if choice == "auto":
+        return "ddp" if ranks.world_size > 1 else "none"
+    return choice
+
+
+def init_process_group(ranks: Ranks, device: torch.device, cfg: DictConfig) -> None:
+    backend = (
+        cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    )
+    timeout = timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group(
+        backend,
+        store=attempt_store(ranks, timeout),
+        rank=ranks.rank,
+        world_size=ranks.world_size,
+        timeout=timeout,
+        device_id=device if device.type == "cuda" else None,
+    )
+
+
+def attempt_store(ranks: Ranks, timeout: timedelta) -> dist.Store | None:
+    """Under torchrun, a view of the agent's store private to this restart attempt.
+
+    The agent keeps one store across restarts; without a fresh prefix, a restarted rank can
+    read the address a dead rank of the previous attempt published and fail to connect.
+    None elsewhere: init_process_group then reads MASTER_ADDR/MASTER_PORT itself.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        ranks.world_size,
+        is_master=False,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"gearshift/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+
+
+def rank_zero_value(value: Any) -> Any:
+    """Rank 0's `value` on every rank (e.g. the run folder, which Hydra names per process)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, strategy: str, device: torch.device, cfg: DictConfig) -> nn.Module:
+    """The module the loop trains through; `model` itself stays the plain, unwrapped one."""
+    if strategy == "ddp":
+        if cfg.sync_batchnorm:
+            model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        return nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+            static_graph=cfg.static_graph,
+        )
+    if strategy == "dp":  # one process driving every local GPU: kept to measure against DDP
+        return nn.DataParallel(model)
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        return fully_shard(model)  # shards parameters, gradients and optimizer state in place
+    return model
+
+
+def grad_sync(model: nn.Module, enabled: bool) -> AbstractContextManager:
+    """Skip the gradient all-reduce on accumulation micro-steps (all but a window's last)."""
+    if enabled:
+        return nullcontext()
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        return _fsdp_no_sync(model)
+    return nullcontext()
+
+
+class _fsdp_no_sync(AbstractContextManager):
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __enter__(self):
+        self.model.set_requires_gradient_sync(False)
+
+    def __exit__(self, *exc):
+        self.model.set_requires_gradient_sync(True)
+
+
+def gather_sum_max(values: list[float], maxima: list[float], device: torch.device) -> tuple:
+    """(sums of `values`, maxima of `maxima`) over all ranks: one collective, call at log steps."""
+    if not dist.is_initialized():
+        return values, maxima
+    local = torch.tensor([*values, *maxima], dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    table = torch.stack(gathered).cpu()
+    n = len(values)
+    return table[:, :n].sum(0).tolist(), table[:, n:].max(0).values.tolist()
+
+
+def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[str, Any]:
+    """Start `distributed.nproc_per_node` ranks here with torch's elastic launcher (what
+    torchrun uses) and return rank 0's summary."""
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from gearshift.data import cpu_count
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=cfg.distributed.nproc_per_node,
+        run_id=str(uuid.uuid4()),
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=cfg.distributed.max_restarts,
+        monitor_interval=0.5,
+    )
+    # Like torchrun: without a setting of the user's, ranks split the CPUs instead of each
+    # starting a thread per core (which oversubscribes them, many times slower).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // config.nproc_per_node)))
+    results = elastic_launch(config, run_rank)(cfg, str(run_dir), run_name)
+    return results[0]
+
+
+def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None) -> dict[str, Any]:
+    """One rank started by `launch_local`: log like Hydra would, then train."""
+    from gearshift.loop import fit
+
+    ranks = ranks_from_environment()
+    handlers: list[logging.Handler] = []
+    if ranks.is_zero:
+        from rich.logging import RichHandler
+
+        file = logging.FileHandler(Path(run_dir) / "train.log")
+        file.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        handlers = [RichHandler(show_path=False), file]
+    level = logging.INFO if ranks.is_zero else logging.WARNING
+    logging.basicConfig(level=level, format="%(message)s", handlers=handlers or None, force=True)
+    return fit(cfg, Path(run_dir), run_name).summary

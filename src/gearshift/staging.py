@@ -1,0 +1,74 @@
+"""Tip 1: copy a dataset folder to fast local disk once per node, before training.
+
+Every process of a node may call `stage` at the same moment. One of them takes an
+exclusive lock on `<stage_to>/<name>.lock` and copies into a temporary folder, then
+renames it into place; the rename is atomic, so a folder with the final name is always
+complete. The others block on the lock and then reuse that copy. A copy cut short
+(a killed process) leaves only a temporary folder, which the next lock holder deletes;
+the kernel drops a dead process's lock by itself.
+
+Only the standard library here: staging runs before torch is needed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+_TMP_INFIX = ".tmp-"
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if missing) for the `with` block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while another process holds it
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def staged_path(source: Path, stage_to: Path) -> Path:
+    """Where `source` is copied: its name plus a hash of its absolute path (no clashes)."""
+    source = source.resolve()
+    digest = hashlib.sha1(str(source).encode()).hexdigest()[:8]
+    return stage_to / f"{source.name}-{digest}"
+
+
+def stage(
+    source: Path,
+    stage_to: Path,
+    copy: Callable[[Path, Path], object] = shutil.copytree,
+) -> Path:
+    """The path of a complete copy of the folder `source` under `stage_to`; copy if none yet.
+
+    `copy(src, dst)` must create `dst`; tests pass a slow one to make processes overlap.
+    """
+    source, stage_to = Path(source), Path(stage_to).expanduser()
+    target = staged_path(source, stage_to)
+    if target.is_dir():  # only a finished copy ever has this name
+        log.info("data: reusing the staged copy %s", target)
+        return target
+    with file_lock(stage_to / f"{target.name}.lock"):
+        if target.is_dir():  # another process finished it while this one waited
+            log.info("data: reusing the staged copy %s", target)
+            return target
+        for stale in stage_to.glob(f"{target.name}{_TMP_INFIX}*"):  # left by a killed copy
+            shutil.rmtree(stale, ignore_errors=True)
+        temporary = stage_to / f"{target.name}{_TMP_INFIX}{os.getpid()}"
+        start = time.perf_counter()
+        copy(source, temporary)
+        os.rename(temporary, target)  # atomic: the final name appears complete or not at all
+        log.info("data: staged %s to %s in %.1f s", source, target, time.perf_counter() - start)
+    return target

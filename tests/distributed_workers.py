@@ -1,0 +1,69 @@
+"""Ranks for tests/test_distributed.py, started with torch.multiprocessing (spawn)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from helpers import make_cfg
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+import gearshift.loop
+from gearshift.distributed import wrap_model
+
+
+def become_rank(rank: int, world_size: int, port: int) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+    )
+    torch.set_num_threads(1)
+
+
+def count_allreduces(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:
+    """Train with a DDP communication hook that counts gradient all-reduces; save what we saw."""
+    become_rank(rank, world_size, port)
+    calls = []
+
+    def counting_wrap(*args, **kwargs):
+        model = wrap_model(*args, **kwargs)
+
+        def hook(state, bucket):
+            calls.append(bucket.index())
+            return allreduce_hook(state, bucket)
+
+        model.register_comm_hook(None, hook)
+        return model
+
+    gearshift.loop.wrap_model = counting_wrap
+    result = fit_quietly(make_cfg(*overrides), Path(out) / f"rank{rank}")
+    buckets = len(set(calls))
+    torch.save(
+        {
+            "allreduces": len(calls),
+            "buckets": buckets,
+            "steps": result.summary["steps"],
+            "summary": result.summary,
+            "params": {k: v.detach().clone() for k, v in result.model.state_dict().items()},
+        },
+        Path(out) / f"rank{rank}.pt",
+    )
+
+
+def train_sharded(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:
+    """Train under FSDP and save the full (unsharded) parameters this rank ends with."""
+    become_rank(rank, world_size, port)
+    result = fit_quietly(make_cfg("distributed=fsdp", *overrides), Path(out) / f"rank{rank}")
+    # The process group is gone after fit; every rank holds its own shard: save the shards.
+    shards = {k: v.to_local().clone() for k, v in result.model.state_dict().items()}
+    torch.save({"shards": shards, "summary": result.summary}, Path(out) / f"rank{rank}.pt")
+
+
+def fit_quietly(cfg, run_dir: Path):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return gearshift.loop.fit(cfg, run_dir)

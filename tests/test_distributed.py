@@ -1,0 +1,240 @@
+"""DDP on CPU with gloo, 2 processes: equal parameters, no_sync, launchers, restarts, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from distributed_workers import count_allreduces, train_sharded
+from helpers import ROOT, make_cfg, run_train
+
+from gearshift.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.data import epoch_order
+from gearshift.loop import fit
+
+TINY_CLI = [
+    "data.image_size=8",
+    "data.num_samples=256",
+    "data.num_val_samples=32",
+    "logger=none",
+    "progress_bar=false",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(tmp_path: Path, overrides: list[str], worker=count_allreduces) -> list[dict]:
+    mp.start_processes(
+        worker,
+        args=(2, free_port(), str(tmp_path), overrides),
+        nprocs=2,
+        start_method="spawn",
+    )
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_ddp_parameters_equal_on_every_rank_and_match_one_process_with_double_batch(tmp_path):
+    common = ["model=mlp", "max_steps=6", "optimizer.schedule=constant", "optimizer.momentum=0"]
+    ranks = spawn_ranks(tmp_path / "ddp", [*common, "batch_size=8"])
+    for name, tensor in ranks[0]["params"].items():
+        assert torch.equal(tensor, ranks[1]["params"][name]), name
+    assert ranks[0]["summary"]["world_size"] == 2 and ranks[0]["summary"]["samples"] == 6 * 16
+
+    single = fit(make_cfg(*common, "batch_size=16"), tmp_path / "single").model.state_dict()
+    for name, tensor in single.items():
+        # The same 16 samples per step, their gradient means summed in another order.
+        torch.testing.assert_close(ranks[0]["params"][name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_shards_train_to_the_same_parameters_as_one_process(tmp_path):
+    common = ["model=mlp", "max_steps=4", "optimizer.schedule=constant", "optimizer.momentum=0"]
+    ranks = spawn_ranks(tmp_path / "fsdp", [*common, "batch_size=8"], worker=train_sharded)
+    assert ranks[0]["summary"]["gears"]["distributed"] == "fsdp"
+    single = fit(make_cfg(*common, "batch_size=16"), tmp_path / "single").model.state_dict()
+    for name, tensor in single.items():
+        full = torch.cat([ranks[0]["shards"][name], ranks[1]["shards"][name]])  # dim-0 shards
+        assert ranks[0]["shards"][name].numel() < tensor.numel()  # really sharded
+        torch.testing.assert_close(full[: len(tensor)], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
+    ranks = spawn_ranks(tmp_path, ["model=mlp", "accum=4", "data.num_samples=320", "epochs=1"])
+    for rank in ranks:
+        # 320 samples / 2 ranks / batch 16 = 10 micro-batches: windows of 4, 4, 2 -> 3 steps
+        assert rank["steps"] == 3
+        assert rank["allreduces"] == rank["steps"] * rank["buckets"]  # none on no_sync steps
+
+
+def test_uneven_dataset_shards_equally_and_covers_every_sample():
+    shares = [
+        epoch_order(37, epoch=3, seed=0, shuffle=True, rank=r, world_size=2) for r in range(2)
+    ]
+    assert len(shares[0]) == len(shares[1]) == 19  # padded by wrapping around
+    assert set(torch.cat(shares).tolist()) == set(range(37))
+
+
+def one_summary(cwd: Path) -> dict:
+    summaries = list(cwd.glob("runs/*/summary.json"))
+    assert len(summaries) == 1, summaries
+    assert len(list((cwd / "runs").iterdir())) == 1  # one run folder for all ranks
+    return json.loads(summaries[0].read_text())
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args, str(ROOT / "train.py")]
+
+
+def test_torchrun_leaves_one_run_folder_with_world_size_2(tmp_path):
+    command = [
+        *torchrun("--standalone", "--nproc_per_node=2"),
+        "model=mlp",
+        *TINY_CLI,
+        "max_steps=20",
+    ]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = one_summary(tmp_path)
+    assert summary["world_size"] == 2 and summary["gears"]["distributed"] == "ddp"
+    assert summary["samples"] == 20 * 2 * 64
+
+
+def test_nproc_per_node_starts_the_ranks_itself(tmp_path):
+    result = run_train(
+        "distributed.nproc_per_node=2", "model=mlp", *TINY_CLI, "max_steps=20", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = one_summary(tmp_path)
+    assert summary["world_size"] == 2 and summary["steps"] == 20
+
+
+def test_a_multirun_sweep_runs_each_job_as_2_rank_ddp(tmp_path):
+    result = run_train(
+        "-m",
+        "distributed.nproc_per_node=2",
+        "amp=off,on",
+        "model=mlp",
+        *TINY_CLI,
+        "max_steps=10",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summaries = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/*/summary.json")]
+    assert sorted(s["gears"]["amp"] for s in summaries) == ["bfloat16", "off"]
+    assert all(s["world_size"] == 2 for s in summaries)
+
+
+def worker_pids(agent: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of the training processes under a torchrun agent (read from /proc)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        rank = next((e[5:] for e in environ if e.startswith(b"RANK=")), None)
+        if parent == agent.pid and rank is not None:
+            found[int(rank)] = int(pid)
+    return found
+
+
+def test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters(tmp_path):
+    # simple_cnn: slow enough per step that the kill lands mid-run, BatchNorm buffers included
+    train = ["model=simple_cnn", *TINY_CLI, "data.image_size=16", "max_steps=60"]
+    train += ["checkpoint.every_n_steps=5", "resume=auto"]
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    done = subprocess.run(
+        [*torchrun("--standalone", "--nproc_per_node=2"), *train],
+        cwd=whole,
+        capture_output=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    agent = subprocess.Popen(
+        [*torchrun("--standalone", "--nproc_per_node=2", "--max-restarts=1"), *train],
+        cwd=killed,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 240
+    while not list(killed.glob("runs/*/checkpoints/step_*.pt")):
+        assert agent.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    os.kill(worker_pids(agent)[1], signal.SIGKILL)
+    _, stderr = agent.communicate(timeout=300)
+    assert b"failed (exitcode: -9)" in stderr  # rank 1 died ...
+    assert agent.returncode == 0, stderr[-3000:]  # ... and the restarted job finished
+
+    [final_dir] = killed.glob("runs/*/checkpoints")
+    final = load_checkpoint(latest_checkpoint(final_dir))
+    reference = load_checkpoint(latest_checkpoint(next(whole.glob("runs/*/checkpoints"))))
+    assert final["position"] == reference["position"]
+    for name, tensor in reference["model"].items():
+        assert torch.equal(final["model"][name], tensor), name
+
+
+def test_a_failed_rank_ends_the_job_instead_of_hanging(tmp_path):
+    agent = subprocess.Popen(
+        [
+            *torchrun("--standalone", "--nproc_per_node=2"),
+            "model=mlp",
+            *TINY_CLI,
+            "max_steps=100000",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while len(worker_pids(agent)) < 2 or not list(tmp_path.glob("runs/*")):
+        assert agent.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(3)  # let them reach the training loop
+    os.kill(worker_pids(agent)[1], signal.SIGKILL)
+    assert agent.wait(timeout=120) != 0  # the agent tears the job down well inside 2 minutes
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "distributed=ddp",
+            "error: distributed='ddp' is not allowed; it needs several processes: launch it with "
+            "torchrun --nproc_per_node=N train.py ... or add distributed.nproc_per_node=N",
+        ),
+        (
+            "distributed=dp",
+            "error: distributed='dp' is not allowed; DataParallel needs CUDA devices; "
+            "use distributed=ddp on CPU",
+        ),
+        (
+            "distributed.nproc_per_node=0",
+            "error: distributed.nproc_per_node=0 is not allowed; expected an integer >= 1",
+        ),
+    ],
+)
+def test_bad_distributed_input_is_one_line(tmp_path, override, message):
+    if override == "distributed=dp" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: DataParallel is allowed")
+    result = run_train(override, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == message
+    assert list(tmp_path.iterdir()) == []
