@@ -168,3 +168,15 @@ def test_batch_size_auto_under_ddp_trains_both_ranks_at_one_size(tmp_path):
     sizes = {rank["summary"]["gears"]["batch_size"] for rank in ranks}
     assert len(sizes) == 1 and sizes.pop() % 8 == 0
     assert ranks[0]["summary"]["samples"] == 2 * 2 * ranks[0]["summary"]["gears"]["batch_size"]
+
+
+def test_a_resumed_run_keeps_the_size_its_checkpoint_trained_with(tmp_path):
+    first = fit(auto_cfg("batch_size_finder.max_memory_gib=0.01", "max_steps=2"), tmp_path)
+    size = first.summary["gears"]["batch_size"]
+    # a budget that alone would choose another size; the checkpoint's size wins
+    resumed = fit(
+        auto_cfg("batch_size_finder.max_memory_gib=0.02", "max_steps=4", "resume=auto"), tmp_path
+    ).summary
+    assert resumed["gears"]["batch_size"] == size
+    assert resumed["batch_size_finder"]["bound"] == "resumed_checkpoint"
+    assert resumed["steps"] == 4

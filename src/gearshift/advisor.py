@@ -117,9 +117,9 @@ def layer_widths_multiple_of_8(s: Subject) -> Finding | None:
             continue
         in_key, in_value, out_key, out_value = widths
         if in_value % 8 and not (isinstance(module, _CONV) and in_value == image_channels):
-            odd.append(f"{name} ({in_key}={in_value})")  # the image's channels are a given
+            odd.append(f"'{name}' ({in_key}={in_value})")  # the image's channels are a given
         if out_value % 8:
-            odd.append(f"{name} ({out_key}={out_value})")
+            odd.append(f"'{name}' ({out_key}={out_value})")
     if not odd:
         return None
     dtype = str(s.amp_dtype).removeprefix("torch.")

@@ -26,6 +26,7 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,7 @@ from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from gearshift.checkpoint import find_resume, load_checkpoint
 from gearshift.distributed import gather_sum_max
 from gearshift.models import build_model
 from gearshift.optim import build_optimizer
@@ -48,7 +50,7 @@ GIB = 2**30
 class BatchSizeChoice:
     batch_size: int
     # what stopped the search: out_of_memory | memory_budget | dataset | max_batch_size |
-    # another_rank (DDP: the smallest rank's size wins)
+    # another_rank (DDP: the smallest rank's size wins) | resumed_checkpoint
     bound: str
     budget_bytes: int | None = None  # the memory it had to fit in, where there was one
     bytes_per_sample: float | None = None  # CPU: the memory each sample adds at the peak
@@ -294,19 +296,35 @@ def agree_across_ranks(batch_size: int, device: torch.device) -> int:
     return int(-negated)
 
 
+def resumed_batch_size(cfg: DictConfig, run_dir: Path | None) -> int | None:
+    """The size the checkpoint this run resumes from was trained with, if it resumes."""
+    path = find_resume(cfg.resume, run_dir / "checkpoints") if run_dir else None
+    if path is None:
+        return None
+    size = load_checkpoint(path).get("config", {}).get("batch_size")
+    return size if isinstance(size, int) else None
+
+
 def resolve_batch_size(
     cfg: DictConfig,
     device: torch.device,
     precision_dtype: torch.dtype | None,
     memory_format: torch.memory_format,
+    run_dir: Path | None = None,
 ) -> tuple[DictConfig, BatchSizeChoice | None]:
-    """`cfg` with batch_size=auto replaced by the size found (a copy), and the choice."""
+    """`cfg` with batch_size=auto replaced by the size found (a copy), and the choice.
+
+    A resumed run keeps its checkpoint's size: its position in the epoch counts batches.
+    """
     if cfg.batch_size != "auto":
         return cfg, None
-    choice = find_batch_size(cfg, device, precision_dtype, memory_format)
-    agreed = agree_across_ranks(choice.batch_size, device)
-    if agreed < choice.batch_size:
-        choice = replace(choice, batch_size=agreed, bound="another_rank")
+    if resumed := resumed_batch_size(cfg, run_dir):
+        choice = BatchSizeChoice(resumed, "resumed_checkpoint")
+    else:
+        choice = find_batch_size(cfg, device, precision_dtype, memory_format)
+        agreed = agree_across_ranks(choice.batch_size, device)
+        if agreed < choice.batch_size:
+            choice = replace(choice, batch_size=agreed, bound="another_rank")
     log.info(
         "batch_size=auto: %d (bound: %s%s)",
         choice.batch_size,

@@ -121,7 +121,7 @@ def _fit(
     channels_last = cfg.memory_format.channels_last  # 16
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     non_blocking = cfg.dataloader.non_blocking  # 7
-    cfg, batch_choice = resolve_batch_size(cfg, device, precision.dtype, memory_format)  # 10
+    cfg, batch_choice = resolve_batch_size(cfg, device, precision.dtype, memory_format, run_dir)
     transforms = DeviceTransforms(cfg.device_transforms, device, memory_format, cfg.seed)
 
     def place(batch, train: bool = False):
