@@ -11,8 +11,14 @@ slow stretches (seconds long, +-15% here) are not. Ratios from the median step a
 the wall clock are printed beside it; the wall clock also carries the template's log
 steps (one in `log_every_n_steps` reads the loss and logs).
 
+A second table compares the template with `dataloader.prefetch_to_device` off and on,
+on host data (`data.on_device=false`): on a GPU the copy of the next batch overlaps the
+compute; on a CPU the prefetcher passes batches through, so the result must be identical
+and the throughput the same.
+
     python scripts/bench.py                       # mlp at batch 128, then resnet18
     python scripts/bench.py --repeats 7 amp=bf16  # extra overrides apply to both loops
+    python scripts/bench.py --prefetch-repeats 0  # skip the prefetch comparison
 """
 
 from __future__ import annotations
@@ -142,6 +148,73 @@ def bench_case(name: str, overrides: list[str], steps: int, repeats: int) -> dic
     }
 
 
+PREFETCH_CASE = ["model=mlp", "batch_size=128", "data.on_device=false"]
+PREFETCH_CASE += ["dataloader.pin_memory=auto", "dataloader.non_blocking=true"]
+
+
+def bench_prefetch(overrides: list[str], steps: int, repeats: int) -> dict:
+    """The template on host data with prefetch_to_device off and on, interleaved."""
+    common = ["logger=none", "progress_bar=false", "warmup_steps=5", f"max_steps={5 + steps}"]
+    configs = {}
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        for mode, flag in (("off", "false"), ("on", "true")):
+            prefetch = f"dataloader.prefetch_to_device={flag}"
+            configs[mode] = compose(
+                "config", overrides=[*common, *PREFETCH_CASE, *overrides, prefetch]
+            )
+    ratios: dict[str, list[float]] = {key: [] for key in [*STATISTICS, "wall clock"]}
+    throughput: dict[str, list[float]] = {"off": [], "on": []}
+    identical = True
+    for repeat in range(repeats):
+        order = ("off", "on") if repeat % 2 == 0 else ("on", "off")
+        results, timing = {}, {}
+        for mode in order:
+            with tempfile.TemporaryDirectory() as run_dir:
+                results[mode] = fit(configs[mode], Path(run_dir))
+            steady = results[mode].steady
+            timing[mode] = Timing(
+                steady.step_ms, steady.samples / steady.steps, steady.samples_per_sec
+            )
+            throughput[mode].append(timing[mode].samples_per_sec(min))
+        on, off = timing["on"], timing["off"]
+        for key, statistic in STATISTICS.items():
+            ratios[key].append(on.samples_per_sec(statistic) / off.samples_per_sec(statistic))
+        ratios["wall clock"].append(on.wall_samples_per_sec / off.wall_samples_per_sec)
+        identical &= results["off"].summary["final_loss"] == results["on"].summary["final_loss"]
+        identical &= all(
+            torch.equal(a, b)
+            for a, b in zip(
+                results["off"].model.parameters(), results["on"].model.parameters(), strict=True
+            )
+        )
+    return {
+        "off": statistics.median(throughput["off"]),
+        "on": statistics.median(throughput["on"]),
+        **{key: statistics.median(values) for key, values in ratios.items()},
+        "identical": identical,
+        "active": results["on"].summary["gears"]["prefetch_to_device"],
+    }
+
+
+def print_prefetch(r: dict, repeats: int) -> None:
+    title = f"prefetch_to_device on host data (mlp, batch 128), medians of {repeats} interleaved repeats"
+    table = Table(title=title)
+    columns = ["off samples/s", "on samples/s", "ratio on/off (best step)"]
+    columns += ["ratio (median step)", "ratio (wall clock)", "acts here", "same result"]
+    for column in columns:
+        table.add_column(column, justify="right")
+    table.add_row(
+        f"{r['off']:,.1f}",
+        f"{r['on']:,.1f}",
+        f"{r['best step']:.3f}",
+        f"{r['median step']:.3f}",
+        f"{r['wall clock']:.3f}",
+        "yes" if r["active"] else "no: passthrough",
+        "yes" if r["identical"] else "NO",
+    )
+    Console(width=120).print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
@@ -150,6 +223,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--steps", type=int, default=None, help="measured steps (default: per case)"
+    )
+    parser.add_argument(
+        "--prefetch-repeats", type=int, default=5, help="0 skips the prefetch comparison"
     )
     parser.add_argument("overrides", nargs="*", help="config overrides for both loops")
     args = parser.parse_args()
@@ -181,6 +257,9 @@ def main() -> None:
             f"{r['wall clock']:.3f}",
         )
     Console(width=120).print(table)
+    if args.prefetch_repeats > 0:
+        result = bench_prefetch(args.overrides, args.steps or 60, args.prefetch_repeats)
+        print_prefetch(result, args.prefetch_repeats)
 
 
 if __name__ == "__main__":

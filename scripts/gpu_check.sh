@@ -4,7 +4,9 @@
 #      peak CUDA memory, no host syncs between log steps);
 #   2. a 1-GPU NCCL process group with DDP around a model (one step);
 #   3. a gear ablation of resnet50 at 224x224 on synthetic data (the baseline, each gear
-#      alone, all gears), then the report table (scripts/report.py).
+#      alone, all gears; then activation checkpointing, host data through the tuned loader
+#      with and without prefetch_to_device, and batch_size=auto), the report table
+#      (scripts/report.py), and each run's MFU and advisor findings.
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
 echo "== gpu tests"
-"$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider
+"$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_pipeline.py -p no:cacheprovider
 
 echo "== NCCL process group (1 rank) + DDP step"
 "$PY" - <<'PY'
@@ -53,4 +55,22 @@ run tf32 matmul_precision=high
 run fused_optimizer optimizer.fused=true optimizer.set_to_none=true
 run compile compile=on
 run all experiment=fast
+run checkpointing model.checkpointing=true
+run host_data data.on_device=false dataloader=tuned
+run host_prefetch data.on_device=false dataloader=tuned dataloader.prefetch_to_device=true
+run batch_auto batch_size=auto amp=on
 "$PY" scripts/report.py "$OUT"
+
+echo "== MFU and advisor findings per run"
+"$PY" - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+for summary in sorted(Path(sys.argv[1]).glob("*/summary.json")):
+    s = json.loads(summary.read_text())
+    mfu = f"{s['mfu']:.3f}" if s.get("mfu") is not None else "n/a"
+    print(f"{summary.parent.name:<16} mfu {mfu:>6}  batch {s['gears']['batch_size']:>5}  "
+          f"peak {s['peak_memory_bytes'] / 2**30:6.2f} GiB  "
+          f"advice: {', '.join(a['id'] for a in s.get('advice', [])) or '-'}")
+    if summary.parent.name == "baseline":
+        print(f"{'':<16} peak source: {s.get('peak_flops_source')}")
+PY

@@ -39,6 +39,7 @@ NOT_GEARS = (
     "sweep",
     "hparams_search",
 )
+GEARS_ANYWAY = ("model.checkpointing", "batch_size=auto")  # gears under those prefixes
 
 
 @dataclass
@@ -59,7 +60,11 @@ class Run:
 def gear_overrides(folder: Path) -> list[str]:
     overrides_file = folder / ".hydra" / "overrides.yaml"
     overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
-    return [o for o in overrides or [] if not o.lstrip("+~").startswith(NOT_GEARS)]
+    return [o for o in overrides or [] if is_gear(o.lstrip("+~"))]
+
+
+def is_gear(override: str) -> bool:
+    return override.startswith(GEARS_ANYWAY) or not override.startswith(NOT_GEARS)
 
 
 def load_runs(root: Path) -> list[Run]:

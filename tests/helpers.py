@@ -68,6 +68,13 @@ SUMMARY_KEYS = {
     "gears",
     "val_loss",
     "val_accuracy",
+    "flops_per_sample",
+    "achieved_flops_per_sec",
+    "peak_flops_per_sec",
+    "peak_flops_source",
+    "mfu",
+    "batch_size_finder",
+    "advice",
 }
 
 

@@ -59,15 +59,12 @@ BAD_INPUT = [
     ("amp=onn", "amp='onn' is not allowed; choose one of: bf16, fp16, off, on"),
     ("accum=0", "accum=0 is not allowed; expected an integer >= 1"),
     ("accum=-2", "accum=-2 is not allowed; expected an integer >= 1"),
-    (
-        "batch_size=abc",
-        "batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer",
-    ),
+    ("batch_size=abc", "batch_size='abc' is not allowed; expected an integer >= 1 or auto"),
     (
         "memory_format=nchw",
         "memory_format='nchw' is not allowed; choose one of: channels_last, contiguous",
     ),
-    ("batch_size=0", "batch_size=0 is not allowed; expected an integer >= 1"),
+    ("batch_size=0", "batch_size=0 is not allowed; expected an integer >= 1 or auto"),
     (
         "max_steps=-1",
         "max_steps=-1 is not allowed; expected an integer >= 1 (or null to turn it off)",

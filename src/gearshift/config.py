@@ -42,6 +42,7 @@ class DataLoaderConfig:
     prefetch_factor: int | None = None
     non_blocking: bool = False
     drop_last: bool = False
+    prefetch_to_device: bool = False  # CUDA: copy the next batch on a side stream (prefetch.py)
 
 
 @dataclass
@@ -71,6 +72,27 @@ class DataConfig:
     augment: bool = False  # training images: padded random crop + horizontal flip
     mean: list[float] | None = None  # normalise after scaling to [0, 1]; null: no
     std: list[float] | None = None
+
+
+@dataclass
+class DeviceTransformsConfig:
+    """Normalisation and simple augmentation on the training device (device_transforms.py)."""
+
+    normalize: bool = False
+    mean: list[float] = field(default_factory=lambda: [0.0])  # one value, or one per channel
+    std: list[float] = field(default_factory=lambda: [1.0])
+    hflip: bool = False  # random horizontal flip, half of the training samples
+    crop_padding: int = 0  # > 0: random crop of the zero-padded training image
+
+
+@dataclass
+class BatchSizeFinderConfig:
+    """How `batch_size=auto` searches (batch_finder.py)."""
+
+    max_memory_gib: float | None = None  # null: CPU = memory_fraction of the available RAM
+    memory_fraction: float = 0.5
+    margin: float = 0.1  # back off this share from the largest size that fit
+    max_batch_size: int = 4096
 
 
 @dataclass
@@ -131,7 +153,9 @@ class Config:
     distributed: DistributedConfig = MISSING
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: str | None = None  # auto: the newest checkpoint in the run folder; or a path
-    batch_size: int = 64  # per device
+    device_transforms: DeviceTransformsConfig = field(default_factory=DeviceTransformsConfig)
+    batch_size_finder: BatchSizeFinderConfig = field(default_factory=BatchSizeFinderConfig)
+    batch_size: Any = 64  # per device: an integer >= 1, or "auto" (batch_finder.py)
     accum: int = 1
     epochs: int = 2
     max_steps: int | None = None  # when set, wins over epochs
@@ -241,7 +265,11 @@ def _check_data(cfg: DictConfig) -> None:
     for key, idle in DISK_ONLY.items():
         if cfg.data[key] != idle:
             _fail(f"data.{key}", cfg.data[key], "it applies to data read from disk only")
-    if cfg.dataloader.drop_last and cfg.data.num_samples < cfg.batch_size:
+    if (
+        cfg.dataloader.drop_last
+        and cfg.batch_size != "auto"
+        and cfg.data.num_samples < cfg.batch_size
+    ):
         _fail(
             "batch_size",
             cfg.batch_size,
@@ -323,6 +351,35 @@ def _check_model(cfg: DictConfig) -> None:
         _fail("model._target_", target, "expected an importable class or function (module.Name)")
 
 
+def _check_batch_size(cfg: DictConfig) -> None:
+    value = cfg.batch_size
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        _fail("batch_size", value, "expected an integer >= 1 or auto")
+    finder = cfg.batch_size_finder
+    if finder.max_memory_gib is not None and not finder.max_memory_gib > 0:
+        _fail("batch_size_finder.max_memory_gib", finder.max_memory_gib, "expected a number > 0")
+    if not 0 < finder.memory_fraction <= 1:
+        _fail("batch_size_finder.memory_fraction", finder.memory_fraction, "expected 0 < x <= 1")
+    if not 0 <= finder.margin < 1:
+        _fail("batch_size_finder.margin", finder.margin, "expected 0 <= x < 1")
+    _check_int(cfg, "batch_size_finder.max_batch_size", 8)
+
+
+def _check_device_transforms(cfg: DictConfig) -> None:
+    transforms, channels = cfg.device_transforms, cfg.data.channels
+    for key in ("mean", "std"):
+        values = list(transforms[key])
+        if len(values) not in (1, channels):
+            _fail(
+                f"device_transforms.{key}",
+                values,
+                f"expected one value or one per channel ({channels})",
+            )
+    if any(not s > 0 for s in transforms.std):
+        _fail("device_transforms.std", list(transforms.std), "expected values > 0")
+    _check_int(cfg, "device_transforms.crop_padding", 0)
+
+
 def _check_distributed(cfg: DictConfig) -> None:
     import torch
 
@@ -365,8 +422,9 @@ def check_config(cfg: DictConfig) -> None:
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
     _check_choice(cfg, "logger.name", LOGGERS)
     _check_choice(cfg, "logger.mode", LOGGER_MODES)
-    for key in ("batch_size", "accum", "epochs", "log_every_n_steps"):
+    for key in ("accum", "epochs", "log_every_n_steps"):
         _check_int(cfg, key, 1)
+    _check_batch_size(cfg)
     _check_int(cfg, "warmup_steps", 0)
     _check_int(cfg, "max_steps", 1, optional=True)
     _check_int(cfg, "val_every_n_steps", 1, optional=True)
@@ -376,5 +434,6 @@ def check_config(cfg: DictConfig) -> None:
     _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)
+    _check_device_transforms(cfg)
     _check_optimizer(cfg)
     _check_device(cfg.device)

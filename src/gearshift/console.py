@@ -47,6 +47,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         ("samples/s per device", _fmt(summary["samples_per_sec_per_device"])),
         ("step time (median)", f"{summary['step_time_ms']:.2f} ms"),
         ("data wait", f"{summary['data_wait_pct']:.1f} %"),
+        ("MFU", f"{summary['mfu']:.1%}" if summary.get("mfu") is not None else "n/a"),
         (f"peak memory ({summary['peak_memory_kind']})", f"{mib:,.0f} MiB"),
         ("final loss", _fmt(summary["final_loss"])),
         ("val loss / accuracy", f"{_fmt(summary['val_loss'])} / {_fmt(summary['val_accuracy'])}"),

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from gearshift.advisor import advise, log_findings
+from gearshift.batch_finder import resolve_batch_size
 from gearshift.checkpoint import (
     Position,
     find_resume,
@@ -30,6 +32,7 @@ from gearshift.checkpoint import (
 )
 from gearshift.console import print_summary, progress_bar
 from gearshift.data import build_data, resolve_num_workers, resolve_pin_memory, to_device
+from gearshift.device_transforms import DeviceTransforms
 from gearshift.distributed import (
     destroy_process_group,
     gather_sum_max,
@@ -42,10 +45,12 @@ from gearshift.distributed import (
 )
 from gearshift.loggers import NullLogger, build_logger, write_json_atomic
 from gearshift.metrics import Interval, PerfMeter, memory_metrics, peak_memory
+from gearshift.mfu import MFU
 from gearshift.models import build_model, maybe_compile
 from gearshift.optim import build_optimizer, build_schedule
 from gearshift.precision import Precision, resolve_amp_dtype
 from gearshift.preemption import StopRequest, TrainingStopped
+from gearshift.prefetch import prefetch_active, prefetch_to_device
 from gearshift.runtime import configure_backends, resolve_device, seed_everything
 
 log = logging.getLogger(__name__)
@@ -116,13 +121,22 @@ def _fit(
     channels_last = cfg.memory_format.channels_last  # 16
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     non_blocking = cfg.dataloader.non_blocking  # 7
+    cfg, batch_choice = resolve_batch_size(cfg, device, precision.dtype, memory_format, run_dir)
+    transforms = DeviceTransforms(cfg.device_transforms, device, memory_format, cfg.seed)
 
-    def place(batch):
-        return to_device(batch, device, non_blocking, memory_format)
+    def place(batch, train: bool = False):
+        images, labels = to_device(batch, device, non_blocking, memory_format)
+        return transforms(images, train), labels  # normalise (and augment) on the device
 
     train_batches, val_batches = build_data(cfg, device, ranks.rank, ranks.world_size)  # 2-4, 6
-    model = build_model(cfg.model, device, memory_format)
+    train_batches = prefetch_to_device(train_batches, cfg, device, memory_format)  # 7
+    val_batches = prefetch_to_device(val_batches, cfg, device, memory_format)
+    model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
     model.train()
+    advice = advise(cfg, model, device, precision.dtype)  # 9, 10, 15-18: once, with the fix
+    if ranks.is_zero:
+        log_findings(advice)
+    mfu = MFU.measure(model, cfg, device, precision, memory_format, strategy)
     forward = wrap_model(maybe_compile(model, cfg.compile), strategy, device, cfg.distributed)  # 8
     optimizer = build_optimizer(model, cfg.optimizer)
     batches_per_epoch = len(train_batches)
@@ -190,6 +204,7 @@ def _fit(
             "perf/samples_per_sec": samples_per_sec,
             "perf/step_time_ms": interval.median_step_ms,
             "perf/data_wait_pct": interval.data_wait_pct,
+            **mfu.metrics(samples_per_sec / ranks.world_size),
             "mem/peak_gib": peak_bytes / 2**30,
             **memory_metrics(device),
         }
@@ -218,7 +233,7 @@ def _fit(
                 for i, batch in enumerate(timed(train_batches, meter), start=start_batch):
                     window_start = i - i % cfg.accum
                     window_end = min(window_start + cfg.accum, batches_per_epoch)  # may be short
-                    images, labels = place(batch)
+                    images, labels = place(batch, train=True)
                     with grad_sync(forward, enabled=i + 1 == window_end):  # 13: one all-reduce
                         with precision.autocast():
                             loss = F.cross_entropy(forward(images), labels)
@@ -259,6 +274,11 @@ def _fit(
         summary = make_summary(
             meter, device, ranks.world_size, step, samples, last_loss, gears, val
         )
+        summary |= {
+            **mfu.summary(summary["samples_per_sec_per_device"]),
+            "batch_size_finder": batch_choice.as_dict() if batch_choice else None,
+            "advice": [finding.as_dict() for finding in advice],
+        }
         if rank_zero:
             write_json_atomic(run_dir / "summary.json", summary)
             log_summary(summary)
@@ -331,6 +351,9 @@ def resolved_gears(
         "num_workers": 0 if on_device else resolve_num_workers(dl.num_workers),
         "pin_memory": False if on_device else resolve_pin_memory(dl.pin_memory, device),
         "non_blocking": dl.non_blocking,
+        "prefetch_to_device": prefetch_active(cfg, device),
+        "device_transforms": DeviceTransforms.describe(cfg.device_transforms),
+        "checkpointing": bool(cfg.model.get("checkpointing", False)),
         "compile": cfg.compile.mode if cfg.compile.enabled else "off",
         "cudnn_benchmark": cfg.cudnn_benchmark,
         "matmul_precision": cfg.matmul_precision,

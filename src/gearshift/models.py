@@ -1,6 +1,7 @@
 """Models: any importable class through `model._target_`, plus two small ones of our own.
 
-Where the model gears act: the memory format (tip 16) and torch.compile (tip 8).
+Where the model gears act: the memory format (tip 16), torch.compile (tip 8) and
+activation checkpointing (`model.checkpointing`, see checkpointing.py).
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ import math
 
 import hydra
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
+
+from gearshift.checkpointing import apply_checkpointing
 
 
 class MLP(nn.Sequential):
@@ -55,7 +58,11 @@ def build_model(
     cfg: DictConfig, device: torch.device, memory_format: torch.memory_format
 ) -> nn.Module:
     """Instantiate `cfg` (the model group) on `device`, weights in `memory_format`."""
-    model = hydra.utils.instantiate(cfg)
+    options = OmegaConf.to_container(cfg, resolve=True)
+    checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
+    model = hydra.utils.instantiate(options)
+    if checkpointing:
+        model = apply_checkpointing(model)
     return model.to(device=device, memory_format=memory_format)
 
 

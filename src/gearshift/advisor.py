@@ -1,0 +1,305 @@
+"""The gear advisor: what in this config and model holds the run back, and the fix.
+
+`advise(cfg, model, device)` inspects the resolved config, the built model (before
+torch.compile) and the device, and returns findings, each with a stable id, a message and
+the fix. `fit` logs each one once as a warning at start-up and lists them in summary.json
+under `advice`; `python -m gearshift.advise [overrides...]` prints them for a config
+without training.
+
+Rules that only cost time on a GPU (layer widths under mixed precision, the host data
+loader, cuDNN autotuning) fire only when the device is CUDA. Not a rule: gradient
+accumulation under DDP without `no_sync` — the loop always uses `no_sync`, and no config
+key turns it off, so there is nothing to warn about.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from itertools import pairwise
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import fx, nn
+
+from gearshift.checkpointing import recompute_disabled
+from gearshift.data import resolve_num_workers, resolve_pin_memory
+from gearshift.precision import resolve_amp_dtype
+
+log = logging.getLogger(__name__)
+
+_CONV = nn.modules.conv._ConvNd
+_BATCHNORM = nn.modules.batchnorm._BatchNorm
+_SHOWN = 4  # layers named in a message before "and N more"
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str  # stable: tests, dashboards and people refer to it
+    message: str  # what is wrong, in this run's terms
+    fix: str  # what to change
+
+    def as_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+@dataclass
+class Subject:
+    """What the rules look at."""
+
+    cfg: DictConfig
+    model: nn.Module
+    device: torch.device
+    amp_dtype: torch.dtype | None
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def batch_size(self) -> int | None:
+        return self.cfg.batch_size if isinstance(self.cfg.batch_size, int) else None
+
+    @property
+    def host_data(self) -> bool:
+        return not OmegaConf.select(self.cfg, "data.on_device", default=False)
+
+    def short_last_batch(self) -> int:
+        """Samples in the training epoch's short last batch (0: every batch is full)."""
+        num_samples = OmegaConf.select(self.cfg, "data.num_samples")
+        if self.cfg.dataloader.drop_last or not self.batch_size or not num_samples:
+            return 0
+        return num_samples % self.batch_size
+
+
+def _named(pairs: list[str]) -> str:
+    more = f" and {len(pairs) - _SHOWN} more" if len(pairs) > _SHOWN else ""
+    return ", ".join(pairs[:_SHOWN]) + more
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.DataParallel) else model
+
+
+# -- the rules: each returns a Finding or None --------------------------------------------
+
+
+def batch_size_multiple_of_8(s: Subject) -> Finding | None:
+    n = s.batch_size
+    if n is None or n % 8 == 0:
+        return None
+    return Finding(
+        "batch-size-multiple-of-8",
+        f"batch_size={n} is not a multiple of 8: matmul and convolution kernels (tensor cores, "
+        "vector units) work in tiles of 8, so the remainder wastes a partly filled tile",
+        f"batch_size={max(8, round(n / 8) * 8)} (or batch_size=auto: the largest multiple of 8 "
+        "that fits)",
+    )
+
+
+def _widths(module: nn.Module) -> tuple[str, int, str, int] | None:
+    if isinstance(module, nn.Linear):
+        return "in_features", module.in_features, "out_features", module.out_features
+    if isinstance(module, _CONV):
+        return "in_channels", module.in_channels, "out_channels", module.out_channels
+    return None
+
+
+def layer_widths_multiple_of_8(s: Subject) -> Finding | None:
+    if not s.cuda or s.amp_dtype not in (torch.float16, torch.bfloat16):
+        return None
+    image_channels = OmegaConf.select(s.cfg, "data.channels")
+    odd = []
+    for name, module in s.model.named_modules():
+        widths = _widths(module)
+        if widths is None:
+            continue
+        in_key, in_value, out_key, out_value = widths
+        if in_value % 8 and not (isinstance(module, _CONV) and in_value == image_channels):
+            odd.append(f"'{name}' ({in_key}={in_value})")  # the image's channels are a given
+        if out_value % 8:
+            odd.append(f"'{name}' ({out_key}={out_value})")
+    if not odd:
+        return None
+    dtype = str(s.amp_dtype).removeprefix("torch.")
+    return Finding(
+        "layer-width-multiple-of-8",
+        f"{len(odd)} layer width(s) are not multiples of 8 under {dtype} on CUDA, so those "
+        f"matmuls miss the tensor cores' fast path: {_named(odd)}",
+        "round those widths up to multiples of 8 (a classifier: pad num_classes, e.g. 10 -> 16, "
+        "and ignore the extra logits)",
+    )
+
+
+def _conv_bn_pairs_fx(model: nn.Module) -> list[tuple[str, str]]:
+    with recompute_disabled():  # trace checkpointed blocks as plain ones
+        graph = fx.symbolic_trace(model).graph
+    modules = dict(model.named_modules())
+    pairs = []
+    for node in graph.nodes:
+        if node.op != "call_module" or not isinstance(modules.get(node.target), _BATCHNORM):
+            continue
+        source = node.args[0] if node.args else None
+        if (
+            isinstance(source, fx.Node)
+            and source.op == "call_module"
+            and isinstance(modules.get(source.target), _CONV)
+            and modules[source.target].bias is not None
+            and len(source.users) == 1  # the bias reaches nothing but the BatchNorm
+        ):
+            pairs.append((source.target, node.target))
+    return pairs
+
+
+def _conv_bn_pairs_sequential(model: nn.Module) -> list[tuple[str, str]]:
+    """Fallback when tracing fails: a biased conv and a BatchNorm next to each other in a Sequential."""
+    pairs = []
+    for prefix, module in model.named_modules():
+        if not isinstance(module, nn.Sequential):
+            continue
+        children = list(module.named_children())
+        for (a, first), (b, second) in pairwise(children):
+            if (
+                isinstance(first, _CONV)
+                and first.bias is not None
+                and isinstance(second, _BATCHNORM)
+            ):
+                dot = f"{prefix}." if prefix else ""
+                pairs.append((dot + a, dot + b))
+    return pairs
+
+
+def conv_bias_before_batchnorm(s: Subject) -> Finding | None:
+    model = _unwrapped(s.model)
+    try:
+        pairs = _conv_bn_pairs_fx(model)
+    except Exception as error:  # data-dependent control flow and friends: fx cannot trace
+        log.debug("advisor: fx cannot trace %s (%s); walking Sequentials", type(model), error)
+        pairs = _conv_bn_pairs_sequential(model)
+    if not pairs:
+        return None
+    return Finding(
+        "conv-bias-before-batchnorm",
+        f"{len(pairs)} convolution(s) with a bias feed a BatchNorm directly, which subtracts "
+        "the mean right away: the bias is computed, stored and updated for nothing: "
+        + _named([f"'{conv}' -> '{bn}'" for conv, bn in pairs]),
+        "build those convolutions with bias=False (simple_cnn: model.conv_bias=false)",
+    )
+
+
+def data_parallel(s: Subject) -> Finding | None:
+    chosen = OmegaConf.select(s.cfg, "distributed.strategy") == "dp"
+    wrapped = any(isinstance(m, nn.DataParallel) for m in s.model.modules())
+    if not (chosen or wrapped):
+        return None
+    return Finding(
+        "data-parallel",
+        "DataParallel drives every GPU from one Python process: it copies the model to each "
+        "GPU every step, scatters the batch and gathers the outputs on the first GPU, and all "
+        "of it contends for the GIL",
+        "distributed=ddp (torchrun --nproc_per_node=N train.py): one process per GPU, the "
+        "gradient all-reduce overlapped with the backward pass",
+    )
+
+
+def loader_workers(s: Subject) -> Finding | None:
+    if not (s.cuda and s.host_data):
+        return None
+    if resolve_num_workers(s.cfg.dataloader.num_workers) > 0:
+        return None
+    return Finding(
+        "loader-no-workers",
+        "dataloader.num_workers=0 while training on CUDA from host data: the training "
+        "process loads every batch itself, and the GPU waits meanwhile",
+        "dataloader.num_workers=auto (4 per GPU, capped by the CPUs), or dataloader=tuned",
+    )
+
+
+def loader_pin_memory(s: Subject) -> Finding | None:
+    if not (s.cuda and s.host_data):
+        return None
+    if resolve_pin_memory(s.cfg.dataloader.pin_memory, s.device):
+        return None
+    return Finding(
+        "loader-no-pin-memory",
+        "dataloader.pin_memory is off while training on CUDA from host data: each batch is "
+        "staged through a pageable buffer, and the copy cannot overlap compute",
+        "dataloader.pin_memory=auto and dataloader.non_blocking=true (or dataloader=tuned)",
+    )
+
+
+def channels_last_without_conv(s: Subject) -> Finding | None:
+    if not s.cfg.memory_format.channels_last:
+        return None
+    if any(isinstance(m, _CONV) and m.weight.dim() == 4 for m in s.model.modules()):
+        return None
+    return Finding(
+        "channels-last-without-conv",
+        f"memory_format=channels_last, but {type(_unwrapped(s.model)).__name__} has no 2-D "
+        "convolution: the NHWC layout only helps convolutions, and costs a copy of every input",
+        "memory_format=contiguous",
+    )
+
+
+def cudnn_benchmark_varying_shapes(s: Subject) -> Finding | None:
+    short = s.short_last_batch()
+    if not (s.cuda and s.cfg.cudnn_benchmark and short):
+        return None
+    return Finding(
+        "cudnn-benchmark-varying-shapes",
+        f"cudnn_benchmark=true with a short last batch ({short} of {s.batch_size} samples, "
+        "dataloader.drop_last=false): every new input shape is autotuned again, and the "
+        "tuning lands in the step times",
+        "dataloader.drop_last=true, or a batch_size that divides data.num_samples",
+    )
+
+
+def compile_short_last_batch(s: Subject) -> Finding | None:
+    short = s.short_last_batch()
+    if not (s.cfg.compile.enabled and short and s.cfg.compile.dynamic is not True):
+        return None
+    return Finding(
+        "compile-short-last-batch",
+        f"compile=on with a short last batch ({short} of {s.batch_size} samples, "
+        "dataloader.drop_last=false): the new shape makes torch.compile compile the model "
+        "again (or switch to dynamic shapes, which run slower)",
+        "dataloader.drop_last=true, or a batch_size that divides data.num_samples",
+    )
+
+
+RULES: list[Callable[[Subject], Finding | None]] = [
+    batch_size_multiple_of_8,
+    layer_widths_multiple_of_8,
+    conv_bias_before_batchnorm,
+    data_parallel,
+    loader_workers,
+    loader_pin_memory,
+    channels_last_without_conv,
+    cudnn_benchmark_varying_shapes,
+    compile_short_last_batch,
+]
+
+
+def _run(subject: Subject) -> Iterator[Finding]:
+    for rule in RULES:
+        finding = rule(subject)
+        if finding is not None:
+            yield finding
+
+
+def advise(
+    cfg: DictConfig,
+    model: nn.Module,
+    device: torch.device,
+    amp_dtype: torch.dtype | str | None = "resolve",
+) -> list[Finding]:
+    """The findings for this config, model and device (amp_dtype: autocast's, if known)."""
+    if amp_dtype == "resolve":
+        amp_dtype = resolve_amp_dtype(cfg.amp.dtype, device)
+    return list(_run(Subject(cfg, model, device, amp_dtype)))
+
+
+def log_findings(findings: list[Finding]) -> None:
+    for finding in findings:
+        log.warning("advisor [%s]: %s. Fix: %s", finding.id, finding.message, finding.fix)

@@ -1,0 +1,237 @@
+"""Model FLOPs utilisation: how close the run comes to the device's peak arithmetic rate.
+
+FLOPs per sample are counted once, at start-up, with torch's FlopCounterMode over the
+forward and backward pass of a two-sample batch (divided by two). It counts the model's
+matmuls and convolutions as dispatched, in the run's dtype and layout; recomputation by
+activation checkpointing is left out (MFU counts the model's FLOPs, not the hardware's).
+
+The peak is the device's dense rate for the dtype the matmuls run in: on NVIDIA GPUs from
+the vendor's datasheet (dense figures: the "with sparsity" ones are twice these), on a CPU
+a float matmul measured at start-up. `achieved = flops_per_sample * samples/s` per device,
+`mfu = achieved / peak`; at log steps it comes from the interval's samples/s (no extra sync).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+from torch.func import functional_call
+from torch.utils.flop_counter import FlopCounterMode
+
+from gearshift.checkpointing import recompute_disabled
+from gearshift.precision import Precision
+
+log = logging.getLogger(__name__)
+
+TERA = 1e12
+
+# Dense peak TFLOP/s per compute dtype ("tf32" = float32 on tensor cores), no sparsity.
+# Most specific names first; each name is matched as a word in torch.cuda.get_device_name().
+GPU_PEAK_TFLOPS: list[tuple[str, dict[str, float], str]] = [
+    (
+        "H200 NVL",
+        {"float32": 60, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+        "https://www.nvidia.com/en-us/data-center/h200/",
+    ),
+    (
+        "H200",
+        {"float32": 67, "tf32": 494.5, "bfloat16": 989.5, "float16": 989.5},
+        "https://www.nvidia.com/en-us/data-center/h200/",
+    ),
+    (
+        "H100 NVL",
+        {"float32": 60, "tf32": 417.5, "bfloat16": 835.5, "float16": 835.5},
+        "https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    (
+        "H100 PCIe",
+        {"float32": 51, "tf32": 378, "bfloat16": 756.5, "float16": 756.5},
+        "https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    (
+        "H100",  # SXM (also named "H100 80GB HBM3")
+        {"float32": 67, "tf32": 494.5, "bfloat16": 989.5, "float16": 989.5},
+        "https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    (
+        "A100",  # SXM and PCIe have the same peaks
+        {"float32": 19.5, "tf32": 156, "bfloat16": 312, "float16": 312},
+        "https://www.nvidia.com/en-us/data-center/a100/",
+    ),
+    (
+        "L40S",
+        {"float32": 91.6, "tf32": 183, "bfloat16": 362.05, "float16": 362.05},
+        "https://www.nvidia.com/en-us/data-center/l40s/",
+    ),
+    (
+        "L4",
+        {"float32": 30.3, "tf32": 60, "bfloat16": 121, "float16": 121},
+        "https://www.nvidia.com/en-us/data-center/l4/",
+    ),
+    (
+        "A10",
+        {"float32": 31.2, "tf32": 62.5, "bfloat16": 125, "float16": 125},
+        "https://www.nvidia.com/en-us/data-center/products/a10-gpu/",
+    ),
+    (
+        "V100",  # SXM2; PCIe: 14 / 112
+        {"float32": 15.7, "float16": 125},
+        "https://www.nvidia.com/en-us/data-center/v100/",
+    ),
+    (
+        "T4",  # no bfloat16 or TF32 hardware
+        {"float32": 8.1, "float16": 65},
+        "https://www.nvidia.com/en-us/data-center/tesla-t4/",
+    ),
+]
+
+
+def gpu_peak(name: str, dtype: str) -> tuple[float | None, str]:
+    """(dense peak FLOP/s or None, where it came from) for a CUDA device name and dtype."""
+    for model, peaks, url in GPU_PEAK_TFLOPS:
+        if re.search(r"\b" + r"\s+".join(model.split()) + r"\b", name, re.IGNORECASE):
+            if dtype not in peaks:
+                return None, f"datasheet: {model} has no dense {dtype} peak ({url})"
+            return peaks[dtype] * TERA, f"datasheet: {model} dense {dtype} ({url})"
+    return None, f"unknown device {name!r}: no peak in the table"
+
+
+@cache
+def cpu_matmul_peak(dtype: torch.dtype, matmul_precision: str, threads: int) -> tuple[float, int]:
+    """(best FLOP/s, n) of n x n matmuls in `dtype`, measured here once per process.
+
+    n doubles from 256 to 2048 while the next size would take under a second, so a dtype
+    the CPU has no fast kernels for (float16 on most) is measured in about a second too.
+    """
+    n = 256
+    while True:
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        torch.mm(a, b)  # warm up: kernels and caches
+        best = _time_matmul(a, b)
+        if n >= 2048 or best * 8 > 1.0:
+            break
+        n *= 2
+    for _ in range(4 if best < 0.25 else 1):
+        best = min(best, _time_matmul(a, b))
+    return 2 * n**3 / best, n
+
+
+def _time_matmul(a: torch.Tensor, b: torch.Tensor) -> float:
+    start = time.perf_counter()
+    torch.mm(a, b)
+    return time.perf_counter() - start
+
+
+def compute_dtype(precision: Precision, device: torch.device, model: nn.Module) -> str:
+    """The dtype the matmuls and convolutions run in: autocast's, TF32, or float32."""
+    if precision.dtype is not None:
+        return str(precision.dtype).removeprefix("torch.")
+    if device.type == "cuda":
+        has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+        if torch.backends.cuda.matmul.allow_tf32 or (torch.backends.cudnn.allow_tf32 and has_conv):
+            return "tf32"  # matmul_precision=high, or cuDNN's convolutions (TF32 by default)
+    return "float32"
+
+
+def peak_flops(device: torch.device, dtype: str, matmul_precision: str) -> tuple[float | None, str]:
+    if device.type == "cuda":
+        return gpu_peak(torch.cuda.get_device_name(device), dtype)
+    if device.type == "cpu":
+        torch_dtype = torch.float32 if dtype == "float32" else getattr(torch, dtype)
+        threads = torch.get_num_threads()
+        peak, n = cpu_matmul_peak(torch_dtype, matmul_precision, threads)
+        return peak, f"measured: {dtype} matmul {n}x{n} on {threads} CPU threads"
+    return None, f"no peak known for device type {device.type!r}"
+
+
+def count_flops_per_sample(
+    model: nn.Module,
+    data: DictConfig,
+    device: torch.device,
+    precision: Precision,
+    memory_format: torch.memory_format,
+) -> float:
+    """Forward + backward FLOPs of one training sample, counted on a two-sample batch.
+
+    The pass runs on detached copies of the parameters and buffers, so the model's
+    gradients and BatchNorm statistics are left as they were.
+    """
+    n = 2  # BatchNorm needs more than one sample in training mode
+    images = torch.randn(n, data.channels, data.image_size, data.image_size, device=device)
+    images = images.contiguous(memory_format=memory_format)
+    labels = torch.randint(data.num_classes, (n,), device=device)
+    state = {
+        name: p.detach().requires_grad_(p.requires_grad) for name, p in model.named_parameters()
+    }
+    state |= {name: b.clone() for name, b in model.named_buffers()}
+    with FlopCounterMode(display=False) as counter, recompute_disabled():
+        with precision.autocast():
+            logits = functional_call(model, state, (images,))
+        F.cross_entropy(logits.float(), labels).backward()
+    return counter.get_total_flops() / n
+
+
+def _measure_flops(model, data, device, precision, memory_format) -> float:
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # the run's random stream stays as it was
+        return count_flops_per_sample(model, data, device, precision, memory_format)
+
+
+@dataclass
+class MFU:
+    flops_per_sample: float
+    peak_flops_per_sec: float | None
+    peak_flops_source: str
+
+    @classmethod
+    def measure(
+        cls,
+        model: nn.Module,
+        cfg: DictConfig,
+        device: torch.device,
+        precision: Precision,
+        memory_format: torch.memory_format,
+        strategy: str = "none",
+    ) -> MFU:
+        flops = _measure_flops(model, cfg.data, device, precision, memory_format)
+        dtype = compute_dtype(precision, device, model)
+        peak, source = peak_flops(device, dtype, cfg.matmul_precision)
+        if peak and strategy == "dp" and torch.cuda.device_count() > 1:
+            # DataParallel: one process, so "per device" figures cover all its GPUs
+            peak *= torch.cuda.device_count()
+            source += f" x {torch.cuda.device_count()} GPUs (DataParallel)"
+        log.info(
+            "%.3g FLOPs per sample (forward + backward); peak %s FLOP/s (%s)",
+            flops,
+            f"{peak:.3g}" if peak else "unknown",
+            source,
+        )
+        return cls(flops, peak, source)
+
+    def of(self, samples_per_sec: float) -> float | None:
+        if not self.peak_flops_per_sec:
+            return None
+        return self.flops_per_sample * samples_per_sec / self.peak_flops_per_sec
+
+    def metrics(self, samples_per_sec: float) -> dict[str, float]:
+        """`perf/mfu` for a log step, where the peak is known."""
+        mfu = self.of(samples_per_sec)
+        return {} if mfu is None else {"perf/mfu": mfu}
+
+    def summary(self, samples_per_sec_per_device: float) -> dict[str, Any]:
+        return {
+            "flops_per_sample": self.flops_per_sample,
+            "achieved_flops_per_sec": self.flops_per_sample * samples_per_sec_per_device,
+            "peak_flops_per_sec": self.peak_flops_per_sec,
+            "peak_flops_source": self.peak_flops_source,
+            "mfu": self.of(samples_per_sec_per_device),
+        }
