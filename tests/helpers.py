@@ -134,17 +134,22 @@ class StepCounter:
 
 
 class SyncCounter:
-    """Counts host reads of tensor values (each one waits for the device)."""
+    """Counts host reads of tensor values: each one of a CUDA tensor waits for the device.
+
+    On CPU every read counts (the loop must not read more there either); with
+    `cuda_only=True` reads of host tensors (a sampler's index list) are left out.
+    """
 
     READS = ("item", "tolist", "__bool__", "__float__", "__int__")
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, cuda_only: bool = False):
         self.count = 0
         for name in self.READS:
             original = getattr(torch.Tensor, name)
 
             def counted(tensor, *args, _original=original, **kwargs):
-                self.count += 1
+                if tensor.is_cuda or not cuda_only:
+                    self.count += 1
                 return _original(tensor, *args, **kwargs)
 
             monkeypatch.setattr(torch.Tensor, name, counted)

@@ -66,6 +66,6 @@ def test_cuda_loop_reads_the_device_only_at_log_steps(tmp_path, monkeypatch):
     cfg = make_cfg(
         "device=cuda", "model=mlp", "max_steps=20", "log_every_n_steps=10", "warmup_steps=5"
     )
-    reads = SyncCounter(monkeypatch)
+    reads = SyncCounter(monkeypatch, cuda_only=True)
     fit(cfg, tmp_path)
     assert reads.count == 3 + 2

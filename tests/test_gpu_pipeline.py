@@ -59,7 +59,7 @@ def test_fit_with_prefetch_from_host_data_on_cuda(tmp_path, monkeypatch):
         "log_every_n_steps=10",
         "warmup_steps=5",
     )
-    reads = SyncCounter(monkeypatch)
+    reads = SyncCounter(monkeypatch, cuda_only=True)
     result = fit(cfg, tmp_path)
     assert result.summary["gears"]["prefetch_to_device"] is True
     assert result.summary["steps"] == 20
