@@ -115,6 +115,8 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
 def _fit(
     cfg: DictConfig, run_dir: Path, run_name: str | None, ranks, strategy, device
 ) -> RunResult:
+    if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
+        torch.cuda.reset_peak_memory_stats(device)
     seed_everything(cfg.seed)
     configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
     precision = Precision(resolve_amp_dtype(cfg.amp.dtype, device), device)  # 11
