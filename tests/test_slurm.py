@@ -19,22 +19,14 @@ import time
 import uuid
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import ROOT
 
 pytestmark = pytest.mark.slurm
 
 SCRIPTS = ROOT / "scripts" / "slurm"
-TINY = (
-    "model=mlp",
-    "logger=none",
-    "progress_bar=false",
-    "data.num_samples=256",
-    "data.num_val_samples=64",
-    "data.image_size=16",
-    "batch_size=16",
-    "warmup_steps=1",
-)
+TINY = ("model=mlp", *helpers.TINY, "warmup_steps=1")
 
 
 def _cluster_is_up() -> bool:
