@@ -47,9 +47,10 @@ def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Complet
 
 
 def only_summary(cwd: Path) -> dict:
-    """The summary.json of the one run folder under cwd/runs."""
+    """The summary.json of the one run folder under cwd/runs (asserting there is just one)."""
     found = list((cwd / "runs").glob("*/summary.json"))
     assert len(found) == 1, found
+    assert len(list((cwd / "runs").iterdir())) == 1  # one run folder, for all ranks too
     return json.loads(found[0].read_text())
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_sharded
-from helpers import ROOT, make_cfg, run_train
+from helpers import ROOT, make_cfg, only_summary, run_train
 
 from gearshift.checkpoint import latest_checkpoint, load_checkpoint
 from gearshift.data import epoch_order
@@ -86,13 +86,6 @@ def test_uneven_dataset_shards_equally_and_covers_every_sample():
     assert set(torch.cat(shares).tolist()) == set(range(37))
 
 
-def one_summary(cwd: Path) -> dict:
-    summaries = list(cwd.glob("runs/*/summary.json"))
-    assert len(summaries) == 1, summaries
-    assert len(list((cwd / "runs").iterdir())) == 1  # one run folder for all ranks
-    return json.loads(summaries[0].read_text())
-
-
 def torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args, str(ROOT / "train.py")]
 
@@ -106,7 +99,7 @@ def test_torchrun_leaves_one_run_folder_with_world_size_2(tmp_path):
     ]
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = one_summary(tmp_path)
+    summary = only_summary(tmp_path)
     assert summary["world_size"] == 2 and summary["gears"]["distributed"] == "ddp"
     assert summary["samples"] == 20 * 2 * 64
 
@@ -116,7 +109,7 @@ def test_nproc_per_node_starts_the_ranks_itself(tmp_path):
         "distributed.nproc_per_node=2", "model=mlp", *TINY_CLI, "max_steps=20", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = one_summary(tmp_path)
+    summary = only_summary(tmp_path)
     assert summary["world_size"] == 2 and summary["steps"] == 20
 
 

@@ -225,6 +225,15 @@ def _fit(
             )
             meter.resume()  # validation time is not training time
 
+    # Plain values for the step: a DictConfig lookup costs microseconds, a local nothing.
+    accum, set_to_none = cfg.accum, cfg.optimizer.set_to_none
+    log_every, warmup_steps, val_every = (
+        cfg.log_every_n_steps,
+        cfg.warmup_steps,
+        cfg.val_every_n_steps,
+    )
+    checkpoint_every, checkpoint_at_end = cfg.checkpoint.every_n_steps, cfg.checkpoint.at_end
+
     try:
         with bar, StopRequest() as stop:
             task = bar.add_task("train", total=total_steps, samples_per_sec=0.0, loss=float("nan"))
@@ -233,8 +242,8 @@ def _fit(
             while step < total_steps:
                 train_batches.set_epoch(epoch, start_batch)
                 for i, batch in enumerate(timed(train_batches, meter), start=start_batch):
-                    window_start = i - i % cfg.accum
-                    window_end = min(window_start + cfg.accum, batches_per_epoch)  # may be short
+                    window_start = i - i % accum
+                    window_end = min(window_start + accum, batches_per_epoch)  # may be short
                     images, labels = place(batch, train=True)
                     with grad_sync(forward, enabled=i + 1 == window_end):  # 13: one all-reduce
                         with precision.autocast():
@@ -247,7 +256,7 @@ def _fit(
                     if i + 1 < window_end:
                         continue  # accumulate: the optimizer steps once per window
                     precision.step(optimizer)
-                    optimizer.zero_grad(set_to_none=cfg.optimizer.set_to_none)  # 12
+                    optimizer.zero_grad(set_to_none=set_to_none)  # 12
                     if schedule is not None:
                         schedule.step()
                     step += 1
@@ -255,19 +264,18 @@ def _fit(
                     meter.step(window_samples)
                     window_samples = 0
                     at_end = step == total_steps
-                    if step % cfg.log_every_n_steps == 0 or step == cfg.warmup_steps or at_end:
+                    if step % log_every == 0 or step == warmup_steps or at_end:
                         log_point()
                     stopping = stop_agreed if ranks.world_size > 1 else bool(stop)
-                    every = cfg.checkpoint.every_n_steps
                     if (
                         stopping
-                        or (every and step % every == 0)
-                        or (at_end and cfg.checkpoint.at_end)
+                        or (checkpoint_every and step % checkpoint_every == 0)
+                        or (at_end and checkpoint_at_end)
                     ):
                         save_checkpoint_at(next_batch=i + 1)
                     if stopping:
                         raise TrainingStopped(stop.signum or signal.SIGTERM, step)
-                    if cfg.val_every_n_steps and step % cfg.val_every_n_steps == 0 and not at_end:
+                    if val_every and step % val_every == 0 and not at_end:
                         validate()
                     if at_end:
                         break
