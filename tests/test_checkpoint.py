@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,7 +11,7 @@ import time
 
 import pytest
 import torch
-from helpers import make_cfg, run_train
+from helpers import ROOT, make_cfg, run_train
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -125,7 +126,7 @@ def test_sigterm_to_a_real_run_then_resume_auto_matches_an_uninterrupted_run(tmp
     assert whole.returncode == 0, whole.stderr[-2000:]
 
     run_dir = tmp_path / "stopped"
-    command = [sys.executable, str(run_train.__globals__["ROOT"] / "train.py"), *common]
+    command = [sys.executable, str(ROOT / "train.py"), *common]
     command += [f"hydra.run.dir={run_dir}", "checkpoint.every_n_steps=5"]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -143,13 +144,80 @@ def test_sigterm_to_a_real_run_then_resume_auto_matches_an_uninterrupted_run(tmp
     stopped_at = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["position"]["step"]
     assert 5 <= stopped_at < 60
 
-    resumed = run_train(*common, f"hydra.run.dir={run_dir}", "resume=auto", cwd=tmp_path)
+    resumed = run_train(*common, f"hydra.run.dir={run_dir}", cwd=tmp_path)  # resume=auto
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     final = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     reference = load_checkpoint(latest_checkpoint(tmp_path / "whole" / "checkpoints"))
     assert final["position"] == reference["position"]
     for name, tensor in reference["model"].items():
         assert torch.equal(final["model"][name], tensor), name
+
+
+# Like submitit in a SLURM job: a Python handler for SIGUSR2 that requeues the job and exits.
+# The run must save its checkpoint first, then hand the signal on.
+UNDER_A_REQUEUEING_HANDLER = """
+import os, signal, sys
+from pathlib import Path
+from torch.optim.optimizer import register_optimizer_step_post_hook
+run_dir = Path(sys.argv[1])
+def requeue(signum, frame):
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("*.pt"))
+    (run_dir / "handed_over").write_text(f"{signal.Signals(signum).name} {saved}")
+    sys.exit(-1)
+signal.signal(signal.SIGUSR2, requeue)
+steps = []
+def hook(optimizer, args, kwargs):
+    steps.append(1)
+    if len(steps) == 7:
+        os.kill(os.getpid(), signal.SIGUSR2)
+register_optimizer_step_post_hook(hook)
+sys.argv = ["train.py", *sys.argv[2:]]
+import runpy
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_stop_signal_is_handed_on_after_the_checkpoint_and_a_rerun_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    args = ["model=mlp", "max_steps=12", "logger=none", "progress_bar=false"]
+    args += [f"hydra.run.dir={run_dir}"]
+    stopped = subprocess.run(
+        [sys.executable, "-c", UNDER_A_REQUEUEING_HANDLER, str(run_dir), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert stopped.returncode == 255, stopped.stderr[-2000:]  # the handler's sys.exit(-1)
+    assert (run_dir / "handed_over").read_text() == "SIGUSR2 ['step_000000007.pt']"
+    assert not (run_dir / "summary.json").exists()
+
+    resumed = run_train(*args, cwd=tmp_path)  # the requeued job: same command, same folder
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in (run_dir / "train.log").read_text()
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12
+
+
+def test_a_rerun_of_a_finished_run_trains_nothing_and_keeps_its_summary(tmp_path):
+    first = fit(make_cfg("model=mlp", "max_steps=4"), tmp_path)
+    written = (tmp_path / "summary.json").read_bytes()
+    steps = []
+    handle = register_optimizer_step_post_hook(lambda *args: steps.append(1))
+    try:
+        again = fit(make_cfg("model=mlp", "max_steps=4"), tmp_path)  # resume=auto finds step 4
+    finally:
+        handle.remove()
+    assert steps == []
+    assert again.summary == first.summary
+    assert (tmp_path / "summary.json").read_bytes() == written
+
+
+def test_resuming_with_other_settings_names_each_change(tmp_path, caplog):
+    fit(make_cfg("model=mlp", "max_steps=2", "optimizer.lr=0.1"), tmp_path)
+    longer = fit(make_cfg("model=mlp", "max_steps=4", "optimizer.lr=0.05"), tmp_path)
+    assert longer.summary["steps"] == 4  # training goes on from step 2
+    [warning] = [r.message for r in caplog.records if "other settings" in r.message]
+    assert warning.endswith("max_steps=2 (now 4), optimizer.lr=0.1 (now 0.05)")
 
 
 def test_resume_from_a_missing_file_is_one_line(tmp_path):

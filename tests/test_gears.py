@@ -122,9 +122,11 @@ def make_initial_mlp():
 
 
 def test_set_to_none_frees_gradients_after_the_step(tmp_path):
-    freed = fit(make_cfg("model=mlp", "max_steps=2", "optimizer.set_to_none=true"), tmp_path)
+    freed = fit(make_cfg("model=mlp", "max_steps=2", "optimizer.set_to_none=true"), tmp_path / "a")
     assert all(p.grad is None for p in freed.model.parameters())
-    zeroed = fit(make_cfg("model=mlp", "max_steps=2", "optimizer.set_to_none=false"), tmp_path)
+    zeroed = fit(
+        make_cfg("model=mlp", "max_steps=2", "optimizer.set_to_none=false"), tmp_path / "b"
+    )
     assert all(p.grad is not None and not p.grad.any() for p in zeroed.model.parameters())
 
 

@@ -73,13 +73,37 @@ def test_report_ranks_by_throughput_against_the_baseline_and_lists_the_failed_ru
     rows = table_rows((sweep_dir / "report.md").read_text())
     assert [row[0] for row in rows] == ["gear=all", "gear=amp", "gear=baseline", "gear=compile"]
     all_gears, amp, baseline, failed = rows
-    # run, samples/s, speed-up, peak MiB, memory, data wait, step ms, loss
-    assert all_gears[1:] == ["700.0", "1.75x", "1,100", "+10%", "2.0%", "91.4", "1.4900"]
-    assert amp[2:5] == ["1.35x", "900", "-10%"]
-    assert baseline[1:6] == ["400.0", "1.00x", "1,000", "+0%", "20.0%"]
-    assert failed[1] == "failed" and set(failed[2:]) == {""}
+    # run, runs, samples/s, spread, speed-up, peak MiB, memory, data wait, step ms, loss
+    assert all_gears[1:] == ["1", "700.0", "-", "1.75x", "1,100", "+10%", "2.0%", "91.4", "1.4900"]
+    assert amp[4:7] == ["1.35x", "900", "-10%"]
+    assert baseline[1:8] == ["1", "400.0", "-", "1.00x", "1,000", "+0%", "20.0%"]
+    assert failed[1:3] == ["1", "failed"] and set(failed[3:]) == {""}
     assert "failed" in done.stdout and "gear=compile" in done.stdout  # the console table too
     assert (sweep_dir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_repeated_runs_are_one_row_their_fastest_and_a_failed_repeat_is_listed(tmp_path):
+    root = tmp_path / "ablation"
+    runs = [  # seed is the outer loop, as in sweep=ablation
+        ("baseline", 0, summary(400.0, 1000, 1.0)),
+        ("amp", 0, summary(540.0, 950, 1.1)),
+        ("baseline", 1, summary(380.0, 1010, 1.2)),
+        ("amp", 1, None),  # this repeat crashed
+        ("baseline", 2, summary(420.0, 990, 1.4)),
+        ("amp", 2, summary(588.0, 900, 1.3)),
+    ]
+    for n, (gear, seed, result) in enumerate(runs):
+        fake_run(root / str(n), [f"seed={seed}", f"gear={gear}", "sweep=ablation"], result)
+    done = report(root)
+    assert done.returncode == 0, done.stderr
+    markdown = (root / "report.md").read_text()
+    amp, baseline, failed = table_rows(markdown)[:3]
+    # the fastest runs: amp 588 (of 540, 588) = 1.40x the baseline's 420 (of 380, 400, 420)
+    assert amp[:7] == ["gear=amp", "2", "588.0", "8%", "1.40x", "900", "-9%"]
+    assert baseline[:7] == ["gear=baseline", "3", "420.0", "10%", "1.00x", "990", "+0%"]
+    assert baseline[9] == "1.4000"  # every figure of a row is its fastest run's
+    assert failed[:3] == ["gear=amp", "1", "failed"]
+    assert f"- gear=amp: {root / '3'}" in markdown  # where to look for what went wrong
 
 
 def test_report_of_a_folder_without_runs_is_one_clear_error(tmp_path):

@@ -69,14 +69,14 @@ class Sweep:
         self.name = f"gearshift-test-{uuid.uuid4().hex[:8]}"
         self.process: subprocess.Popen | None = None
 
-    def start(self, *overrides: str) -> None:
+    def start(self, *overrides: str, timeout_min: int = 5) -> None:
         args = [
             sys.executable,
             str(ROOT / "train.py"),
             "-m",
             "hydra/launcher=slurm",
             f"hydra.launcher.name={self.name}",
-            "hydra.launcher.timeout_min=5",
+            f"hydra.launcher.timeout_min={timeout_min}",
             f"hydra.sweep.dir={self.dir}",
             *TINY,
             *overrides,
@@ -229,3 +229,74 @@ def test_a_job_with_two_tasks_per_node_trains_as_2_rank_ddp(sweep):
     assert summary["world_size"] == 2 and summary["gears"]["distributed"] == "ddp"
     assert summary["samples"] == 6 * 2 * 16
     assert list(sweep.dir.glob("*/summary.json")) == [sweep.dir / "0" / "summary.json"]
+
+
+def restarts(job: str) -> int:
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30
+    )
+    return int(out.stdout.split("Restarts=")[1].split()[0])
+
+
+def signal_when_checkpointed(sweep: Sweep, signum: str) -> str:
+    """Send the job's training process `signum` (as SLURM does before the time limit or on
+    preemption, with submitit's --signal=USR2) once its first checkpoint is saved."""
+    checkpoints = sweep.dir / "0" / "checkpoints"
+    wait_for(lambda: any(checkpoints.glob("*.pt")), 120, "the first checkpoint")
+    [job] = [j for j, s in sweep.jobs().items() if s == "RUNNING"]
+    subprocess.run(["scancel", f"--signal={signum}", job], check=True, timeout=30)
+    return job
+
+
+def start_requeued_job_now(sweep: Sweep, job: str) -> None:
+    """SLURM holds a requeued job back for a while (Reason=BeginTime, ~3 minutes here); wait
+    until it is pending again, which shows the requeue happened, then let it start now."""
+    wait_for(lambda: sweep.jobs().get(job) == "PENDING", 60, "the job to be requeued")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+
+
+# submitit counts a USR2 as reaching the time limit when the job has run past
+# min(0.8 x limit, limit - 10 min) (always, for 5 minutes), else as preemption.
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("timeout_min", "ranks"),
+    [(5, 1), (30, 1), (30, 2)],
+    ids=["time-limit", "preemption", "preemption-2-rank-ddp"],
+)
+def test_a_signalled_job_checkpoints_is_requeued_and_resumes(sweep, timeout_min, ranks):
+    steps = 4000 // ranks**2  # a 2-rank gloo step takes ~4x as long here
+    sweep.start(
+        f"max_steps={steps}",
+        "checkpoint.every_n_steps=100",
+        f"hydra.launcher.tasks_per_node={ranks}",
+        timeout_min=timeout_min,
+    )
+    job = signal_when_checkpointed(sweep, "USR2")
+    start_requeued_job_now(sweep, job)
+    code, output = sweep.finish(timeout=240)
+    assert code == 0, output
+    assert restarts(job) == 1
+    log = (sweep.dir / "0" / "train.log").read_text()  # both attempts write to it
+    stopped_at = int(log.split("stopped by SIGUSR2 after step ")[1].split(";")[0])
+    assert 100 <= stopped_at < steps
+    assert f"step_{stopped_at:09d}.pt at step {stopped_at}" in log  # the requeued job resumed
+    summary = json.loads((sweep.dir / "0" / "summary.json").read_text())
+    assert summary["steps"] == steps and summary["samples"] == steps * 16 * ranks
+    assert summary["world_size"] == ranks
+    submitit_log = "".join(p.read_text() for p in sweep.dir.glob(".submitit/*/*_log.*"))
+    case = "timed-out" if timeout_min == 5 else "preempted"
+    assert f"this job is {case}" in submitit_log and "Requeued job" in submitit_log
+
+
+@pytest.mark.timeout(240)
+def test_a_job_at_its_time_limit_with_no_requeues_left_fails_the_sweep(sweep):
+    sweep.start(
+        "max_steps=4000", "checkpoint.every_n_steps=100", "hydra.launcher.max_num_timeout=0"
+    )
+    job = signal_when_checkpointed(sweep, "USR2")
+    code, output = sweep.finish(timeout=180)
+    assert code != 0
+    assert "timed-out too many times" in output, output
+    assert restarts(job) == 0
+    assert any((sweep.dir / "0" / "checkpoints").glob("*.pt"))  # saved for a manual resume
+    assert not (sweep.dir / "0" / "summary.json").exists()

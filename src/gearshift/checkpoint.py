@@ -46,7 +46,7 @@ def find_resume(resume: str | None, folder: Path) -> Path | None:
         return Path(resume)
     path = latest_checkpoint(folder) if folder.is_dir() else None
     if path is None:
-        log.info("resume=auto: no checkpoint in %s yet, starting fresh", folder)
+        log.debug("resume=auto: no checkpoint in %s yet, starting fresh", folder)
     return path
 
 
@@ -143,6 +143,18 @@ def training_state(
         "schedule": schedule.state_dict() if schedule is not None else None,
         "rng": rng_state(),
     }
+
+
+def changed_settings(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """`key=old (now new)` for each setting of `now` that differs from the checkpoint's."""
+    changes = []
+    for key in sorted(saved.keys() | now.keys()):
+        old, new = saved.get(key), now.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += changed_settings(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changes.append(f"{prefix}{key}={old} (now {new})")
+    return changes
 
 
 def restore_training_state(

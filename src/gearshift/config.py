@@ -152,7 +152,7 @@ class Config:
     logger: LoggerConfig = MISSING
     distributed: DistributedConfig = MISSING
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: str | None = None  # auto: the newest checkpoint in the run folder; or a path
+    resume: str | None = "auto"  # the newest checkpoint in the run folder, if any; null; a path
     device_transforms: DeviceTransformsConfig = field(default_factory=DeviceTransformsConfig)
     batch_size_finder: BatchSizeFinderConfig = field(default_factory=BatchSizeFinderConfig)
     batch_size: Any = 64  # per device: an integer >= 1, or "auto" (batch_finder.py)
@@ -399,7 +399,7 @@ def _check_distributed(cfg: DictConfig) -> None:
         )
     if d.strategy == "dp" and (cfg.device == "cpu" or not torch.cuda.is_available()):
         _fail("distributed", "dp", "DataParallel needs CUDA devices; use distributed=ddp on CPU")
-    if d.strategy == "fsdp" and cfg.resume:
+    if d.strategy == "fsdp" and cfg.resume not in (None, "auto"):  # fsdp writes none to find
         _fail("resume", cfg.resume, "resuming is not supported under distributed=fsdp yet")
     if d.strategy in ("dp", "none") and d.nproc_per_node > 1:
         _fail(

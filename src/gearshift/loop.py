@@ -6,9 +6,9 @@ the device only at log steps (reading the loss); everything else stays asynchron
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import signal
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from gearshift.advisor import advise, log_findings
 from gearshift.batch_finder import resolve_batch_size
 from gearshift.checkpoint import (
     Position,
+    changed_settings,
     find_resume,
     load_checkpoint,
     restore_training_state,
@@ -49,7 +50,7 @@ from gearshift.mfu import MFU
 from gearshift.models import build_model, maybe_compile
 from gearshift.optim import build_optimizer, build_schedule
 from gearshift.precision import Precision, resolve_amp_dtype
-from gearshift.preemption import StopRequest, TrainingStopped
+from gearshift.preemption import StopRequest
 from gearshift.prefetch import prefetch_active, prefetch_to_device
 from gearshift.runtime import configure_backends, resolve_device, seed_everything
 
@@ -152,6 +153,17 @@ def _fit(
         position = restore_training_state(
             state, resume_from, model, optimizer, precision.scaler, schedule
         )
+        if changed := changed_settings(state["config"], config):  # a requeue changes nothing
+            log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
+    finished = run_dir / "summary.json"
+    if position.step >= total_steps and finished.is_file():  # a rerun of a finished run
+        log.warning(
+            "%s trained all %d steps already; nothing to do (resume=null trains it again)",
+            run_dir,
+            total_steps,
+        )
+        summary = json.loads(finished.read_text())
+        return RunResult(model=model, optimizer=optimizer, summary=summary, steady=Interval())
 
     gears = resolved_gears(cfg, precision, device, strategy)
     rank_zero = ranks.is_zero
@@ -180,13 +192,13 @@ def _fit(
     summary: dict[str, Any] | None = None
     bar = progress_bar(enabled=rank_zero and cfg.progress_bar)
 
-    def save_checkpoint_at(next_batch: int) -> None:
+    def save_checkpoint_at(next_batch: int) -> Path | None:
         if not rank_zero or strategy == "fsdp":  # sharded state needs torch.distributed.checkpoint
-            return
+            return None
         done_epoch = next_batch == batches_per_epoch  # the next batch opens the next epoch
         where = Position(step, epoch + done_epoch, 0 if done_epoch else next_batch, samples)
         state = training_state(config, model, optimizer, precision.scaler, schedule, where)
-        save_checkpoint(state, checkpoints, step, keep=cfg.checkpoint.keep)
+        return save_checkpoint(state, checkpoints, step, keep=cfg.checkpoint.keep)
 
     def log_point() -> None:
         nonlocal last_loss, stop_agreed
@@ -267,14 +279,15 @@ def _fit(
                     if step % log_every == 0 or step == warmup_steps or at_end:
                         log_point()
                     stopping = stop_agreed if ranks.world_size > 1 else bool(stop)
+                    saved = None
                     if (
                         stopping
                         or (checkpoint_every and step % checkpoint_every == 0)
                         or (at_end and checkpoint_at_end)
                     ):
-                        save_checkpoint_at(next_batch=i + 1)
+                        saved = save_checkpoint_at(next_batch=i + 1)
                     if stopping:
-                        raise TrainingStopped(stop.signum or signal.SIGTERM, step)
+                        raise stop.stopped(step, saved)
                     if val_every and step % val_every == 0 and not at_end:
                         validate()
                     if at_end:

@@ -1,21 +1,38 @@
-"""Schedulers warn before they kill: SIGTERM (SLURM, Kubernetes, torchrun) or SIGUSR1
-(SLURM's --signal). This turns either into a flag the loop checks between steps, so the
-run can save a checkpoint and stop cleanly instead of dying mid-step."""
+"""Schedulers warn before they kill: SIGTERM (SLURM, Kubernetes, torchrun), SIGUSR1 (SLURM's
+--signal) or SIGUSR2 (what submitit asks SLURM to send before the time limit and on
+preemption). This turns each into a flag the loop checks between steps, so the run can save
+a checkpoint and stop cleanly instead of dying mid-step.
+
+Whoever handled the signal before (submitit requeues the SLURM job from its handler) gets
+it once the checkpoint is saved: see `TrainingStopped.handover`.
+"""
 
 from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
+from pathlib import Path
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+
+Handler = Callable[[int, object], object]
 
 
 class TrainingStopped(Exception):
     """Training stopped on a signal after saving a checkpoint; resume=auto continues it."""
 
-    def __init__(self, signum: int, step: int) -> None:
+    def __init__(
+        self,
+        signum: int,
+        step: int,
+        checkpoint: Path | None = None,
+        handover: Handler | None = None,
+    ) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
         self.signum, self.step = signum, step
+        self.checkpoint = checkpoint  # what this process saved (rank 0 saves for all)
+        self.handover = handover  # the signal's previous Python handler, to call after saving
 
 
 class StopRequest:
@@ -39,3 +56,9 @@ class StopRequest:
 
     def __bool__(self) -> bool:
         return self.signum is not None
+
+    def stopped(self, step: int, checkpoint: Path | None) -> TrainingStopped:
+        """The exception that ends training; a rank told by the others stops as on SIGTERM."""
+        signum = self.signum or signal.SIGTERM
+        previous = self._previous.get(signum)
+        return TrainingStopped(signum, step, checkpoint, previous if callable(previous) else None)

@@ -55,12 +55,12 @@ def train(cfg: DictConfig) -> float:
         _remove_empty_run_dir(run_dir)
         _exit(str(error))
     except TrainingStopped as stopped:
-        log.warning(
-            "%s; checkpoint saved in %s: run the same command with resume=auto "
-            "(and the same hydra.run.dir) to continue",
-            stopped,
-            run_dir / "checkpoints",
-        )
+        if stopped.checkpoint is not None:  # rank 0: the others' words would repeat it
+            log.warning("%s; saved %s", stopped, stopped.checkpoint)
+        if stopped.handover is not None:
+            stopped.handover(stopped.signum, None)  # submitit: requeue this SLURM job, then exit
+        if stopped.checkpoint is not None:
+            log.warning("to continue, run the same command in the same run folder (resume=auto)")
         raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
     return summary["final_loss"]
 
