@@ -39,7 +39,8 @@ NOT_GEARS = (
     "sweep",
     "hparams_search",
 )
-GEARS_ANYWAY = ("model.checkpointing", "batch_size=auto")  # gears under those prefixes
+# gears under those prefixes (data.on_device: batches made on the device, tip 4)
+GEARS_ANYWAY = ("model.checkpointing", "batch_size=auto", "data.on_device")
 
 
 @dataclass
@@ -73,12 +74,18 @@ def natural_order(path: Path) -> list:
 
 
 def load_runs(root: Path) -> list[Run]:
+    """Every run below `root`, named by the gear overrides that tell it from the others
+    (a gear set on the whole sweep's command line is in every name, so in none)."""
     runs = []
     for hydra_dir in sorted(root.glob("**/.hydra"), key=natural_order):
         folder = hydra_dir.parent
         summary_file = folder / "summary.json"
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
         runs.append(Run(folder=folder, gears=gear_overrides(folder), summary=summary))
+    if len(runs) > 1:
+        shared = set.intersection(*(set(run.gears) for run in runs))
+        for run in runs:
+            run.gears = [g for g in run.gears if g not in shared]
     return runs
 
 

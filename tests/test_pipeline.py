@@ -242,5 +242,10 @@ def test_the_report_names_the_new_gears_in_a_sweep(tmp_path, monkeypatch):
     spec.loader.exec_module(report)
     (tmp_path / ".hydra").mkdir()
     overrides = ["model=resnet50", "batch_size=auto", "model.checkpointing=true", "max_steps=30"]
+    overrides += ["data.on_device=false", "data.image_size=224"]
     (tmp_path / ".hydra" / "overrides.yaml").write_text("\n".join(f"- {o}" for o in overrides))
-    assert report.gear_overrides(tmp_path) == ["batch_size=auto", "model.checkpointing=true"]
+    assert report.gear_overrides(tmp_path) == [
+        "batch_size=auto",
+        "model.checkpointing=true",
+        "data.on_device=false",
+    ]

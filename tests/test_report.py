@@ -44,7 +44,8 @@ def summary(samples_per_sec: float, peak_mib: float, loss: float, data_wait: flo
 @pytest.fixture
 def sweep_dir(tmp_path) -> Path:
     root = tmp_path / "multirun" / "ablation"
-    common = ["sweep=ablation", "max_steps=100", "data.on_device=false", "logger=none"]  # not gears
+    # not gears, or gears every run shares: no part of a name
+    common = ["sweep=ablation", "max_steps=100", "data.on_device=false", "logger=none", "amp=on"]
     fake_run(root / "0", ["gear=baseline", *common], summary(400.0, 1000, 1.50, data_wait=20.0))
     fake_run(root / "1", ["gear=amp", *common], summary(540.0, 900, 1.52))
     fake_run(root / "2", ["gear=compile", *common], None)  # crashed: no summary.json
