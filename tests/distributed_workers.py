@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 
 import torch
 from helpers import make_cfg
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.loop
 from gearshift.distributed import wrap_model
@@ -56,12 +58,22 @@ def count_allreduces(rank: int, world_size: int, port: int, out: str, overrides:
 
 
 def train_sharded(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:
-    """Train under FSDP and save the full (unsharded) parameters this rank ends with."""
+    """Train under FSDP; save the shard of the parameters this rank ends with."""
     become_rank(rank, world_size, port)
+    steps = []
+    register_optimizer_step_post_hook(lambda *args: steps.append(1))
     result = fit_quietly(make_cfg("distributed=fsdp", *overrides), Path(out) / f"rank{rank}")
     # The process group is gone after fit; every rank holds its own shard: save the shards.
     shards = {k: v.to_local().clone() for k, v in result.model.state_dict().items()}
-    torch.save({"shards": shards, "summary": result.summary}, Path(out) / f"rank{rank}.pt")
+    torch.save(
+        {"shards": shards, "summary": result.summary, "optimizer_steps": len(steps)},
+        Path(out) / f"rank{rank}.pt",
+    )
+    # Free the sharded model and optimizer state here, not in the interpreter's teardown
+    # (there, after the process group is gone, gloo aborted now and then once
+    # torch.distributed.checkpoint had touched them).
+    del result
+    gc.collect()
 
 
 def fit_quietly(cfg, run_dir: Path):

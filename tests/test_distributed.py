@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_sharded
 from helpers import ROOT, make_cfg, only_summary, run_train
 
-from gearshift.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from gearshift.data import epoch_order
 from gearshift.loop import fit
 
@@ -68,6 +68,31 @@ def test_fsdp_shards_train_to_the_same_parameters_as_one_process(tmp_path):
         full = torch.cat([ranks[0]["shards"][name], ranks[1]["shards"][name]])  # dim-0 shards
         assert ranks[0]["shards"][name].numel() < tensor.numel()  # really sharded
         torch.testing.assert_close(full[: len(tensor)], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_checkpoints_resume_to_the_same_shards_as_an_uninterrupted_run(tmp_path):
+    # momentum: the optimizer's sharded state must come back too
+    common = ["model=mlp", "optimizer.schedule=constant", "batch_size=8"]
+    whole = spawn_ranks(tmp_path / "whole", [*common, "max_steps=6"], worker=train_sharded)
+    spawn_ranks(tmp_path / "parts", [*common, "max_steps=3"], worker=train_sharded)
+    first = load_checkpoint(latest_checkpoint(tmp_path / "parts" / "rank0" / "checkpoints"))
+    assert first["position"]["step"] == 3
+    full, shard = first["model"]["1.weight"], whole[0]["shards"]["1.weight"]
+    assert full.shape[0] == 2 * shard.shape[0]  # the whole tensor, gathered from both ranks
+    assert not (tmp_path / "parts" / "rank1" / "checkpoints").exists()  # rank 0 writes it
+    # the same folder again, 6 steps: resume=auto continues from step 3
+    parts = spawn_ranks(tmp_path / "parts", [*common, "max_steps=6"], worker=train_sharded)
+    assert parts[0]["summary"]["steps"] == 6
+    # steps 4-6, not 1-6 (set_optimizer_state_dict may take one zero-gradient step to
+    # create the optimizer's state before loading it)
+    assert all(rank["optimizer_steps"] in (3, 4) for rank in parts)
+    for rank in (0, 1):
+        for name, shard in whole[rank]["shards"].items():
+            assert torch.equal(parts[rank]["shards"][name], shard), (rank, name)
+
+    path = latest_checkpoint(tmp_path / "parts" / "rank0" / "checkpoints")
+    with pytest.raises(CheckpointError, match="written with distributed=fsdp"):
+        fit(make_cfg(*common, "max_steps=8", f"resume={path}"), tmp_path / "one-process")
 
 
 def test_accumulation_all_reduces_once_per_optimizer_step(tmp_path):

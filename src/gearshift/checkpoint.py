@@ -115,7 +115,22 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load_model_state(model: torch.nn.Module, checkpoint: dict[str, Any], path: Path) -> None:
+def full_state(model: torch.nn.Module, optimizer, sharded: bool) -> tuple[dict, dict]:
+    """Model and optimizer state as one process holds them. Sharded (FSDP), every rank must
+    call this: it gathers the shards onto rank 0's CPU (the other ranks get empty dicts), and
+    the optimizer's state is keyed by parameter name."""
+    if not sharded:
+        return model.state_dict(), optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(
+        model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def load_model_state(
+    model: torch.nn.Module, checkpoint: dict[str, Any], path: Path, sharded: bool = False
+) -> None:
     """Load the weights, or say in one line why this checkpoint belongs to another model."""
     ours, theirs = model.state_dict(), checkpoint["model"]
     missing, unexpected = ours.keys() - theirs.keys(), theirs.keys() - ours.keys()
@@ -128,17 +143,49 @@ def load_model_state(model: torch.nn.Module, checkpoint: dict[str, Any], path: P
             f"{len(missing)} missing, {len(unexpected)} unexpected and {len(reshaped)} "
             f"reshaped tensors (e.g. {example!r})"
         )
-    model.load_state_dict(theirs)
+    if sharded:  # each rank keeps its own shard of the full tensors
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, theirs, options=StateDictOptions(full_state_dict=True))
+    else:
+        model.load_state_dict(theirs)
+
+
+def load_optimizer_state(
+    model: torch.nn.Module, optimizer, state: dict[str, Any], path: Path, sharded: bool
+) -> None:
+    by_name = any(isinstance(key, str) for key in state["state"])  # written under FSDP
+    if by_name != sharded:
+        written = "with" if by_name else "without"
+        raise CheckpointError(
+            f"resume={str(path)!r}: the checkpoint was written {written} distributed=fsdp "
+            f"(its optimizer state is keyed differently); resume it {written} fsdp"
+        )
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(model, optimizer, state, options=options)
+    else:
+        optimizer.load_state_dict(state)
 
 
 def training_state(
-    config: dict, model: torch.nn.Module, optimizer, scaler, schedule, position: Position
+    config: dict,
+    model_state: dict,
+    optimizer_state: dict,
+    scaler,
+    schedule,
+    position: Position,
 ) -> dict[str, Any]:
     return {
         "config": config,
         "position": asdict(position),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": model_state,
+        "optimizer": optimizer_state,
         "scaler": scaler.state_dict(),
         "schedule": schedule.state_dict() if schedule is not None else None,
         "rng": rng_state(),
@@ -158,10 +205,18 @@ def changed_settings(saved: dict, now: dict, prefix: str = "") -> list[str]:
 
 
 def restore_training_state(
-    checkpoint: dict[str, Any], path: Path, model: torch.nn.Module, optimizer, scaler, schedule
+    checkpoint: dict[str, Any],
+    path: Path,
+    model: torch.nn.Module,
+    optimizer,
+    scaler,
+    schedule,
+    sharded: bool = False,
 ) -> Position:
-    load_model_state(model, checkpoint, path)
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    """Load everything a run needs to go on; sharded (FSDP): every rank loads the full
+    checkpoint and keeps its shard."""
+    load_model_state(model, checkpoint, path, sharded)
+    load_optimizer_state(model, optimizer, checkpoint["optimizer"], path, sharded)
     scaler.load_state_dict(checkpoint["scaler"])
     if schedule is not None and checkpoint["schedule"] is not None:
         schedule.load_state_dict(checkpoint["schedule"])

@@ -399,8 +399,6 @@ def _check_distributed(cfg: DictConfig) -> None:
         )
     if d.strategy == "dp" and (cfg.device == "cpu" or not torch.cuda.is_available()):
         _fail("distributed", "dp", "DataParallel needs CUDA devices; use distributed=ddp on CPU")
-    if d.strategy == "fsdp" and cfg.resume not in (None, "auto"):  # fsdp writes none to find
-        _fail("resume", cfg.resume, "resuming is not supported under distributed=fsdp yet")
     if d.strategy in ("dp", "none") and d.nproc_per_node > 1:
         _fail(
             "distributed.nproc_per_node",

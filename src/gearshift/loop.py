@@ -26,6 +26,7 @@ from gearshift.checkpoint import (
     Position,
     changed_settings,
     find_resume,
+    full_state,
     load_checkpoint,
     restore_training_state,
     save_checkpoint,
@@ -151,7 +152,7 @@ def _fit(
     if resume_from := find_resume(cfg.resume, checkpoints):
         state = load_checkpoint(resume_from)
         position = restore_training_state(
-            state, resume_from, model, optimizer, precision.scaler, schedule
+            state, resume_from, model, optimizer, precision.scaler, schedule, strategy == "fsdp"
         )
         if changed := changed_settings(state["config"], config):  # a requeue changes nothing
             log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
@@ -193,11 +194,17 @@ def _fit(
     bar = progress_bar(enabled=rank_zero and cfg.progress_bar)
 
     def save_checkpoint_at(next_batch: int) -> Path | None:
-        if not rank_zero or strategy == "fsdp":  # sharded state needs torch.distributed.checkpoint
+        sharded = strategy == "fsdp"  # then every rank takes part in gathering the state
+        if not (rank_zero or sharded):
+            return None
+        model_state, optimizer_state = full_state(model, optimizer, sharded)
+        if not rank_zero:
             return None
         done_epoch = next_batch == batches_per_epoch  # the next batch opens the next epoch
         where = Position(step, epoch + done_epoch, 0 if done_epoch else next_batch, samples)
-        state = training_state(config, model, optimizer, precision.scaler, schedule, where)
+        state = training_state(
+            config, model_state, optimizer_state, precision.scaler, schedule, where
+        )
         return save_checkpoint(state, checkpoints, step, keep=cfg.checkpoint.keep)
 
     def log_point() -> None:
