@@ -114,6 +114,10 @@ class Config:
         what the configuration does on its own (the reasoning of Python's timeit)."""
         return max(self.done, key=lambda s: s["samples_per_sec"])
 
+    @property
+    def samples_per_sec(self) -> float:
+        return self.best["samples_per_sec"]
+
 
 def group(runs: list[Run]) -> list[Config]:
     by_name: dict[str, Config] = {}
@@ -125,8 +129,7 @@ def group(runs: list[Run]) -> list[Config]:
 def pick_baseline(configs: list[Config]) -> Config | None:
     done = [c for c in configs if c.done]
     plain = [c for c in done if c.runs[0].gears in BASELINE_GEARS]
-    fastest = lambda c: c.best["samples_per_sec"]  # noqa: E731
-    return plain[0] if plain else min(done, key=fastest, default=None)
+    return plain[0] if plain else min(done, key=lambda c: c.samples_per_sec, default=None)
 
 
 def rows(runs: list[Run]) -> list[dict]:
@@ -134,8 +137,9 @@ def rows(runs: list[Run]) -> list[dict]:
     configs = group(runs)
     base = pick_baseline(configs)
     table = []
-    for config in sorted((c for c in configs if c.done), key=lambda c: -c.best["samples_per_sec"]):
-        best, b = config.best, base.best
+    b = base.best if base else None
+    for config in sorted((c for c in configs if c.done), key=lambda c: -c.samples_per_sec):
+        best = config.best
         throughputs = [s["samples_per_sec"] for s in config.done]
         table.append(
             {

@@ -148,11 +148,12 @@ def _fit(
     schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
     config = OmegaConf.to_container(cfg, resolve=True)
     checkpoints = run_dir / "checkpoints"
+    sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
     position = Position()
     if resume_from := find_resume(cfg.resume, checkpoints):
         state = load_checkpoint(resume_from)
         position = restore_training_state(
-            state, resume_from, model, optimizer, precision.scaler, schedule, strategy == "fsdp"
+            state, resume_from, model, optimizer, precision.scaler, schedule, sharded
         )
         if changed := changed_settings(state["config"], config):  # a requeue changes nothing
             log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
@@ -194,8 +195,7 @@ def _fit(
     bar = progress_bar(enabled=rank_zero and cfg.progress_bar)
 
     def save_checkpoint_at(next_batch: int) -> Path | None:
-        sharded = strategy == "fsdp"  # then every rank takes part in gathering the state
-        if not (rank_zero or sharded):
+        if not (rank_zero or sharded):  # sharded: every rank takes part in gathering the state
             return None
         model_state, optimizer_state = full_state(model, optimizer, sharded)
         if not rank_zero:
