@@ -39,12 +39,12 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from gearshift.data import build_data, to_device
-from gearshift.loop import fit
-from gearshift.models import build_model
-from gearshift.optim import build_optimizer, build_schedule
-from gearshift.precision import resolve_amp_dtype
-from gearshift.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.data.loading import build_data, to_device
+from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.precision import resolve_amp_dtype
+from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.models.build import build_model
+from gearshift.trainer import fit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 CASES = {  # name: (overrides, measured steps)

@@ -11,8 +11,8 @@ from helpers import make_cfg
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-import gearshift.loop
-from gearshift.distributed import wrap_model
+import gearshift.trainer
+from gearshift.parallel.distributed import wrap_model
 
 
 def become_rank(rank: int, world_size: int, port: int) -> None:
@@ -42,7 +42,7 @@ def count_allreduces(rank: int, world_size: int, port: int, out: str, overrides:
         model.register_comm_hook(None, hook)
         return model
 
-    gearshift.loop.wrap_model = counting_wrap
+    gearshift.trainer.wrap_model = counting_wrap
     result = fit_quietly(make_cfg(*overrides), Path(out) / f"rank{rank}")
     buckets = len(set(calls))
     torch.save(
@@ -78,4 +78,4 @@ def train_sharded(rank: int, world_size: int, port: int, out: str, overrides: li
 
 def fit_quietly(cfg, run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
-    return gearshift.loop.fit(cfg, run_dir)
+    return gearshift.trainer.fit(cfg, run_dir)

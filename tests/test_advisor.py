@@ -14,8 +14,8 @@ from helpers import ROOT, make_cfg
 from torch import nn
 
 from gearshift.advise import build_on_meta
-from gearshift.advisor import advise
-from gearshift.loop import fit
+from gearshift.observe.advisor import advise
+from gearshift.trainer import fit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touches the device
 

@@ -23,7 +23,7 @@ from gearshift.batch_finder import (
     measure_step_memory,
 )
 from gearshift.config import ConfigError, check_config
-from gearshift.loop import fit
+from gearshift.trainer import fit
 
 CPU = torch.device("cpu")
 

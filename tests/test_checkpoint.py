@@ -14,9 +14,9 @@ import torch
 from helpers import ROOT, make_cfg, run_train
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from gearshift.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from gearshift.loop import fit
-from gearshift.preemption import TrainingStopped
+from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from gearshift.state.preemption import TrainingStopped
+from gearshift.trainer import fit
 
 
 def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
@@ -86,7 +86,7 @@ def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):
 CRASHING_SAVE = """
 import os, signal, sys, torch
 from pathlib import Path
-from gearshift import checkpoint
+from gearshift.state import checkpoint
 folder = Path(sys.argv[1])
 checkpoint.save_checkpoint({"w": torch.ones(3)}, folder, step=1, keep=5)
 if sys.argv[2] == "before-rename":

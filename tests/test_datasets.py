@@ -21,9 +21,9 @@ from PIL import Image
 from torch import nn
 
 from gearshift.config import ConfigError, check_config
-from gearshift.data import build_data, build_loader
-from gearshift.loop import fit
-from gearshift.staging import stage, staged_path
+from gearshift.data.loading import build_data, build_loader
+from gearshift.data.staging import stage, staged_path
+from gearshift.trainer import fit
 
 CPU = torch.device("cpu")
 COLOURS = [(220, 40, 40), (40, 200, 40), (40, 40, 220)]
@@ -326,7 +326,7 @@ STAGE_SCRIPT = textwrap.dedent(
     """
     import shutil, sys, time
     from pathlib import Path
-    from gearshift.staging import stage
+    from gearshift.data.staging import stage
 
     src, dst, log, go, pause = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), float(sys.argv[5])
 

@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_sharded
 from helpers import ROOT, make_cfg, only_summary, run_train
 
-from gearshift.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from gearshift.data import epoch_order
-from gearshift.loop import fit
+from gearshift.data.loading import epoch_order
+from gearshift.state.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from gearshift.trainer import fit
 
 TINY_CLI = [
     "data.image_size=8",

@@ -9,9 +9,9 @@ import torch
 from helpers import ForwardRecorder, StepCounter, make_cfg
 from torch import nn
 
-from gearshift.data import build_loader
-from gearshift.loop import fit
-from gearshift.precision import Precision, resolve_amp_dtype
+from gearshift.data.loading import build_loader
+from gearshift.engine.precision import Precision, resolve_amp_dtype
+from gearshift.trainer import fit
 
 
 def test_amp_bf16_runs_the_forward_in_bfloat16(tmp_path):

@@ -8,8 +8,8 @@ import torch
 from helpers import ForwardRecorder, SyncCounter, check_summary, make_cfg
 from torch import nn
 
-from gearshift.data import TensorImages, build_loader
-from gearshift.loop import fit
+from gearshift.data.loading import TensorImages, build_loader
+from gearshift.trainer import fit
 
 pytestmark = pytest.mark.gpu
 

@@ -8,10 +8,10 @@ import torch
 from helpers import SyncCounter, make_cfg
 
 from gearshift.batch_finder import find_batch_size
-from gearshift.data import TensorImages, build_loader
-from gearshift.loop import fit
-from gearshift.mfu import gpu_peak
-from gearshift.prefetch import CudaPrefetcher
+from gearshift.data.loading import TensorImages, build_loader
+from gearshift.data.prefetch import CudaPrefetcher
+from gearshift.observe.mfu import gpu_peak
+from gearshift.trainer import fit
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

@@ -7,7 +7,7 @@ import math
 import pytest
 from helpers import make_cfg
 
-from gearshift.loop import fit
+from gearshift.trainer import fit
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import SyncCounter, check_summary, make_cfg, only_summary, run_train
 
-from gearshift.loop import fit
-from gearshift.metrics import PerfMeter
+from gearshift.observe.metrics import PerfMeter
+from gearshift.trainer import fit
 
 
 def test_summary_json_has_every_key_with_sensible_values(tmp_path):

@@ -9,11 +9,11 @@ import pytest
 import torch
 from helpers import make_cfg
 
-from gearshift import loop
-from gearshift.loggers import NullLogger
-from gearshift.mfu import compute_dtype, count_flops_per_sample, gpu_peak
-from gearshift.models import build_model
-from gearshift.precision import Precision
+from gearshift import trainer as loop
+from gearshift.engine.precision import Precision
+from gearshift.models.build import build_model
+from gearshift.observe.loggers import NullLogger
+from gearshift.observe.mfu import compute_dtype, count_flops_per_sample, gpu_peak
 
 CPU = torch.device("cpu")
 

@@ -13,12 +13,12 @@ from helpers import ROOT, ForwardRecorder, make_cfg
 from torch import nn
 
 from gearshift.batch_finder import TensorMemory
-from gearshift.checkpointing import CheckpointedSequential, apply_checkpointing
 from gearshift.config import ConfigError, check_config
-from gearshift.device_transforms import DeviceTransforms
-from gearshift.loop import fit
+from gearshift.data.device_transforms import DeviceTransforms
+from gearshift.data.prefetch import prefetch_to_device
 from gearshift.models import SimpleCNN
-from gearshift.prefetch import prefetch_to_device
+from gearshift.models.checkpointing import CheckpointedSequential, apply_checkpointing
+from gearshift.trainer import fit
 
 CPU = torch.device("cpu")
 

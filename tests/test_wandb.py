@@ -10,8 +10,8 @@ import wandb
 from helpers import make_cfg
 from wandb_records import history
 
-from gearshift.loggers import wandb_mode
-from gearshift.loop import fit
+from gearshift.observe.loggers import wandb_mode
+from gearshift.trainer import fit
 
 
 @pytest.fixture

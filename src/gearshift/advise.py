@@ -17,11 +17,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from gearshift.advisor import Finding, advise
-from gearshift.models import build_model
-from gearshift.precision import resolve_amp_dtype
-from gearshift.runtime import resolve_device
-from gearshift.task import preflight
+from gearshift.app import preflight
+from gearshift.engine.precision import resolve_amp_dtype
+from gearshift.engine.runtime import resolve_device
+from gearshift.models.build import build_model
+from gearshift.observe.advisor import Finding, advise
 
 
 def default_config_dir() -> Path:

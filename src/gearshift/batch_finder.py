@@ -34,11 +34,11 @@ from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from gearshift.checkpoint import find_resume, load_checkpoint
-from gearshift.distributed import gather_sum_max
-from gearshift.models import build_model
-from gearshift.optim import build_optimizer
-from gearshift.precision import Precision
+from gearshift.engine.optim import build_optimizer
+from gearshift.engine.precision import Precision
+from gearshift.models.build import build_model
+from gearshift.parallel.distributed import gather_sum_max
+from gearshift.state.checkpoint import find_resume, load_checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import fx, nn
 
-from gearshift.checkpointing import recompute_disabled
-from gearshift.data import resolve_num_workers, resolve_pin_memory
-from gearshift.precision import resolve_amp_dtype
+from gearshift.data.loading import resolve_num_workers, resolve_pin_memory
+from gearshift.engine.precision import resolve_amp_dtype
+from gearshift.models.checkpointing import recompute_disabled
 
 log = logging.getLogger(__name__)
 

@@ -20,22 +20,20 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from gearshift.advisor import advise, log_findings
 from gearshift.batch_finder import resolve_batch_size
-from gearshift.checkpoint import (
-    Position,
-    changed_settings,
-    find_resume,
-    full_state,
-    load_checkpoint,
-    restore_training_state,
-    save_checkpoint,
-    training_state,
-)
-from gearshift.console import print_summary, progress_bar
-from gearshift.data import build_data, resolve_num_workers, resolve_pin_memory, to_device
-from gearshift.device_transforms import DeviceTransforms
-from gearshift.distributed import (
+from gearshift.data.device_transforms import DeviceTransforms
+from gearshift.data.loading import build_data, resolve_num_workers, resolve_pin_memory, to_device
+from gearshift.data.prefetch import prefetch_active, prefetch_to_device
+from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.precision import Precision, resolve_amp_dtype
+from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.models.build import build_model, maybe_compile
+from gearshift.observe.advisor import advise, log_findings
+from gearshift.observe.console import print_summary, progress_bar
+from gearshift.observe.loggers import NullLogger, build_logger, write_json_atomic
+from gearshift.observe.metrics import Interval, PerfMeter, memory_metrics, peak_memory
+from gearshift.observe.mfu import MFU
+from gearshift.parallel.distributed import (
     destroy_process_group,
     gather_sum_max,
     grad_sync,
@@ -45,15 +43,17 @@ from gearshift.distributed import (
     resolve_strategy,
     wrap_model,
 )
-from gearshift.loggers import NullLogger, build_logger, write_json_atomic
-from gearshift.metrics import Interval, PerfMeter, memory_metrics, peak_memory
-from gearshift.mfu import MFU
-from gearshift.models import build_model, maybe_compile
-from gearshift.optim import build_optimizer, build_schedule
-from gearshift.precision import Precision, resolve_amp_dtype
-from gearshift.preemption import StopRequest
-from gearshift.prefetch import prefetch_active, prefetch_to_device
-from gearshift.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.state.checkpoint import (
+    Position,
+    changed_settings,
+    find_resume,
+    full_state,
+    load_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
+from gearshift.state.preemption import StopRequest
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gearshift.config import ConfigError
-from gearshift.datasets import build_datasets
+from gearshift.data.images import build_datasets
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

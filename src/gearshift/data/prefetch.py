@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from omegaconf import DictConfig
 
-from gearshift.data import Batch, to_device
+from gearshift.data.loading import Batch, to_device
 
 
 def prefetch_active(cfg: DictConfig, device: torch.device) -> bool:

@@ -27,7 +27,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from gearshift.config import ConfigError
-from gearshift.staging import file_lock, stage
+from gearshift.data.staging import file_lock, stage
 
 log = logging.getLogger(__name__)
 

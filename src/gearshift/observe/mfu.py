@@ -27,8 +27,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
-from gearshift.checkpointing import recompute_disabled
-from gearshift.precision import Precision
+from gearshift.engine.precision import Precision
+from gearshift.models.checkpointing import recompute_disabled
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from gearshift.checkpoint import CheckpointError
 from gearshift.config import ConfigError, check_config
-from gearshift.preemption import TrainingStopped
+from gearshift.state.checkpoint import CheckpointError
+from gearshift.state.preemption import TrainingStopped
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experim
 
 def train(cfg: DictConfig) -> float:
     """Hydra's task function: check, train, return the final loss (a sweeper's objective)."""
-    from gearshift.distributed import launch_local  # torch loads once the config is known good
-    from gearshift.loop import fit
+    from gearshift.launch import launch_local  # torch loads once the config is known good
+    from gearshift.trainer import fit
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)

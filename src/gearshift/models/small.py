@@ -1,19 +1,10 @@
-"""Models: any importable class through `model._target_`, plus two small ones of our own.
-
-Where the model gears act: the memory format (tip 16), torch.compile (tip 8) and
-activation checkpointing (`model.checkpointing`, see checkpointing.py).
-"""
+"""Two small models of our own: an MLP and a CNN (tip 17: no conv bias before BatchNorm)."""
 
 from __future__ import annotations
 
 import math
 
-import hydra
-import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
-
-from gearshift.checkpointing import apply_checkpointing
 
 
 class MLP(nn.Sequential):
@@ -52,22 +43,3 @@ class SimpleCNN(nn.Sequential):
             nn.Flatten(),
             nn.Linear(4 * width, num_classes),
         )
-
-
-def build_model(
-    cfg: DictConfig, device: torch.device, memory_format: torch.memory_format
-) -> nn.Module:
-    """Instantiate `cfg` (the model group) on `device`, weights in `memory_format`."""
-    options = OmegaConf.to_container(cfg, resolve=True)
-    checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
-    model = hydra.utils.instantiate(options)
-    if checkpointing:
-        model = apply_checkpointing(model)
-    return model.to(device=device, memory_format=memory_format)
-
-
-def maybe_compile(model: nn.Module, cfg: DictConfig) -> nn.Module:
-    """Tip 8: torch.compile fuses pointwise ops and cuts Python overhead; off returns `model`."""
-    if not cfg.enabled:
-        return model
-    return torch.compile(model, mode=cfg.mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)

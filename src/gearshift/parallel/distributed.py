@@ -12,11 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import re
-import uuid
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,44 +173,3 @@ def gather_sum_max(values: list[float], maxima: list[float], device: torch.devic
     table = torch.stack(gathered).cpu()
     n = len(values)
     return table[:, :n].sum(0).tolist(), table[:, n:].max(0).values.tolist()
-
-
-def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[str, Any]:
-    """Start `distributed.nproc_per_node` ranks here with torch's elastic launcher (what
-    torchrun uses) and return rank 0's summary."""
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from gearshift.data import cpu_count
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=cfg.distributed.nproc_per_node,
-        run_id=str(uuid.uuid4()),
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=cfg.distributed.max_restarts,
-        monitor_interval=0.5,
-    )
-    # Like torchrun: without a setting of the user's, ranks split the CPUs instead of each
-    # starting a thread per core (which oversubscribes them, many times slower).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // config.nproc_per_node)))
-    results = elastic_launch(config, run_rank)(cfg, str(run_dir), run_name)
-    return results[0]
-
-
-def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None) -> dict[str, Any]:
-    """One rank started by `launch_local`: log like Hydra would, then train."""
-    from gearshift.loop import fit
-
-    ranks = ranks_from_environment()
-    handlers: list[logging.Handler] = []
-    if ranks.is_zero:
-        from rich.logging import RichHandler
-
-        file = logging.FileHandler(Path(run_dir) / "train.log")
-        file.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-        handlers = [RichHandler(show_path=False), file]
-    level = logging.INFO if ranks.is_zero else logging.WARNING
-    logging.basicConfig(level=level, format="%(message)s", handlers=handlers or None, force=True)
-    return fit(cfg, Path(run_dir), run_name).summary

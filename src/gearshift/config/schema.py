@@ -1,0 +1,176 @@
+"""The typed schema of a run's config.
+
+The dataclasses are registered with Hydra's ConfigStore as `gearshift_schema`, the first
+entry of conf/config.yaml's defaults, so a wrong type fails while Hydra composes the
+config; `checks.py` then checks what types alone cannot express.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, OmegaConf
+
+
+@dataclass
+class AmpConfig:
+    dtype: str = "none"  # none | auto (bf16 where supported, else fp16) | bfloat16 | float16
+
+
+@dataclass
+class MemoryFormatConfig:
+    channels_last: bool = False
+
+
+@dataclass
+class DataLoaderConfig:
+    num_workers: Any = 0  # int >= 0, or "auto": 4 per device, capped by the CPUs
+    pin_memory: Any = False  # bool, or "auto": on when training on CUDA
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    non_blocking: bool = False
+    drop_last: bool = False
+    prefetch_to_device: bool = False  # CUDA: copy the next batch on a side stream (prefetch.py)
+
+
+@dataclass
+class CompileConfig:
+    enabled: bool = False
+    mode: str = "default"
+    fullgraph: bool = False
+    dynamic: bool | None = None
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"  # synthetic | imagefolder | cifar10
+    num_samples: int | None = 4096  # from disk: null = all, N = a seeded subset of N
+    num_val_samples: int | None = 512  # 0: no validation
+    image_size: int = 32
+    channels: int = 3
+    num_classes: int = 10
+    noise: float = 1.0  # synthetic: std of the noise around each class's pattern
+    on_device: bool = True  # synthetic: generate on the device (no loader, no copies)
+    path: str | None = None  # imagefolder, cifar10: the dataset's folder
+    val_fraction: float = 0.1  # imagefolder without a val/ folder: share held out per class
+    split_seed: int = 0  # the held-out split and subsets (fixed across training seeds)
+    download: bool = False  # cifar10: fetch into data.path through torchvision
+    stage_to: str | None = None  # tip 1: copy the dataset here (fast local disk) first
+    check_images: str = "header"  # imagefolder at start: header | decode | off
+    augment: bool = False  # training images: padded random crop + horizontal flip
+    mean: list[float] | None = None  # normalise after scaling to [0, 1]; null: no
+    std: list[float] | None = None
+
+
+@dataclass
+class DeviceTransformsConfig:
+    """Normalisation and simple augmentation on the training device (device_transforms.py)."""
+
+    normalize: bool = False
+    mean: list[float] = field(default_factory=lambda: [0.0])  # one value, or one per channel
+    std: list[float] = field(default_factory=lambda: [1.0])
+    hflip: bool = False  # random horizontal flip, half of the training samples
+    crop_padding: int = 0  # > 0: random crop of the zero-padded training image
+
+
+@dataclass
+class BatchSizeFinderConfig:
+    """How `batch_size=auto` searches (batch_finder.py)."""
+
+    max_memory_gib: float | None = None  # null: CPU = memory_fraction of the available RAM
+    memory_fraction: float = 0.5
+    margin: float = 0.1  # back off this share from the largest size that fit
+    max_batch_size: int = 4096
+
+
+@dataclass
+class OptimizerConfig:
+    name: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    nesterov: bool = False
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 5e-4
+    foreach: bool | None = None  # None: torch's default
+    fused: bool = False
+    set_to_none: bool = False
+    schedule: str = "cosine"  # constant | cosine
+    lr_warmup_steps: int = 0
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"  # wandb | none
+    project: str = "gearshift"
+    entity: str | None = None
+    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DistributedConfig:
+    strategy: str = "auto"  # auto | none | ddp | dp | fsdp
+    nproc_per_node: int = 1  # > 1: start that many ranks here (torch's elastic launcher)
+    max_restarts: int = 0  # for the ranks started here: restarts after a rank fails
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    timeout_s: int = 300  # a collective waiting this long for a dead rank fails the job
+    sync_batchnorm: bool = False
+    bucket_cap_mb: int = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+
+
+@dataclass
+class CheckpointConfig:
+    every_n_steps: int | None = None  # None: only at the end (and on SIGTERM/SIGUSR1)
+    at_end: bool = True
+    keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
+
+
+@dataclass
+class Config:
+    model: dict[str, Any] = MISSING  # instantiated through its _target_
+    data: DataConfig = MISSING
+    dataloader: DataLoaderConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    amp: AmpConfig = MISSING
+    memory_format: MemoryFormatConfig = MISSING
+    compile: CompileConfig = MISSING
+    logger: LoggerConfig = MISSING
+    distributed: DistributedConfig = MISSING
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: str | None = "auto"  # the newest checkpoint in the run folder, if any; null; a path
+    device_transforms: DeviceTransformsConfig = field(default_factory=DeviceTransformsConfig)
+    batch_size_finder: BatchSizeFinderConfig = field(default_factory=BatchSizeFinderConfig)
+    batch_size: Any = 64  # per device: an integer >= 1, or "auto" (batch_finder.py)
+    accum: int = 1
+    epochs: int = 2
+    max_steps: int | None = None  # when set, wins over epochs
+    warmup_steps: int = 5  # optimizer steps left out of the throughput figures
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    log_every_n_steps: int = 10
+    val_every_n_steps: int | None = None  # None: validate once, at the end
+    cudnn_benchmark: bool = False
+    matmul_precision: str = "highest"  # highest | high | medium
+    progress_bar: bool = True
+
+
+ConfigStore.instance().store(name="gearshift_schema", node=Config)
+
+
+def run_folder_name() -> str:
+    """The run folder's name: its start time, or under torchrun its run id, which every rank
+    and every restart of the job share (so a restart resumes from the same checkpoints)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    if run_id != "none":
+        return f"torchrun_{run_id}"
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
+OmegaConf.register_new_resolver("gearshift_run_folder", run_folder_name, use_cache=True)

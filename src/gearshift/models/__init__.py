@@ -1,0 +1,5 @@
+"""Models: any importable class through `model._target_`, plus small ones of our own."""
+
+from gearshift.models.small import MLP, SimpleCNN
+
+__all__ = ["MLP", "SimpleCNN"]

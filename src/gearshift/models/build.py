@@ -1,0 +1,33 @@
+"""Building the model from its config node, and the model gears.
+
+Where the model gears act: the memory format (tip 16), torch.compile (tip 8) and
+activation checkpointing (`model.checkpointing`, see checkpointing.py).
+"""
+
+from __future__ import annotations
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from gearshift.models.checkpointing import apply_checkpointing
+
+
+def build_model(
+    cfg: DictConfig, device: torch.device, memory_format: torch.memory_format
+) -> nn.Module:
+    """Instantiate `cfg` (the model group) on `device`, weights in `memory_format`."""
+    options = OmegaConf.to_container(cfg, resolve=True)
+    checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
+    model = hydra.utils.instantiate(options)
+    if checkpointing:
+        model = apply_checkpointing(model)
+    return model.to(device=device, memory_format=memory_format)
+
+
+def maybe_compile(model: nn.Module, cfg: DictConfig) -> nn.Module:
+    """Tip 8: torch.compile fuses pointwise ops and cuts Python overhead; off returns `model`."""
+    if not cfg.enabled:
+        return model
+    return torch.compile(model, mode=cfg.mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)

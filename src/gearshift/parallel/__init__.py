@@ -1,0 +1,1 @@
+"""Ranks, the process group, and the DDP / DataParallel / FSDP wrappers."""

@@ -1,0 +1,1 @@
+"""Training state that outlives a process: checkpoints, resume, stop signals."""
