@@ -48,9 +48,10 @@ slurm-down: ## stop that cluster
 docker: ## build the CUDA image (needs a Docker engine): docker run --gpus all gearshift amp=on
 	docker build -t gearshift .
 
-lint: $(VENV)/.installed ## ruff lint and format check, hadolint on the Dockerfile
+lint: $(VENV)/.installed ## ruff, the import-layer contract (import-linter), hadolint on the Dockerfile
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint Dockerfile
 
 format: $(VENV)/.installed ## apply ruff's fixes and formatting

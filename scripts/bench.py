@@ -33,7 +33,6 @@ from itertools import pairwise
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from rich.console import Console
@@ -44,6 +43,7 @@ from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import resolve_amp_dtype
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
 from gearshift.models.build import build_model
+from gearshift.tasks import build_task
 from gearshift.trainer import fit
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -73,6 +73,7 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
     layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
     dtype = resolve_amp_dtype(cfg.amp.dtype, device)
     batches, _ = build_data(cfg, device)
+    task = build_task(cfg.task)
     model = build_model(cfg.model, device, layout)
     optimizer = build_optimizer(model, cfg.optimizer)
     schedule = build_schedule(optimizer, cfg.optimizer, cfg.max_steps)
@@ -81,7 +82,7 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
         for batch in batches:
             images, labels = to_device(batch, device, cfg.dataloader.non_blocking, layout)
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = F.cross_entropy(model(images), labels)
+                loss = task.loss(model, images, labels)  # the same loss function
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=cfg.optimizer.set_to_none)

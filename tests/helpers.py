@@ -15,6 +15,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.config  # noqa: F401  (registers the schema with the ConfigStore)
+from gearshift.tasks import Task, build_task
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -33,6 +34,10 @@ TINY = (
 def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=[*(TINY if tiny else ()), *overrides])
+
+
+def task_of(cfg: DictConfig) -> Task:
+    return build_task(cfg.task)
 
 
 def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:

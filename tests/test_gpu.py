@@ -8,7 +8,8 @@ import torch
 from helpers import ForwardRecorder, SyncCounter, check_summary, make_cfg
 from torch import nn
 
-from gearshift.data.loading import TensorImages, build_loader
+from gearshift.data.loading import build_loader
+from gearshift.data.synthetic import TensorPairs
 from gearshift.trainer import fit
 
 pytestmark = pytest.mark.gpu
@@ -44,7 +45,7 @@ def test_channels_last_on_cuda(tmp_path):
 
 def test_tuned_loader_pins_host_batches_for_cuda():
     cfg = make_cfg("device=cuda", "dataloader=tuned")
-    dataset = TensorImages(torch.randn(64, 3, 8, 8), torch.zeros(64, dtype=torch.long))
+    dataset = TensorPairs(torch.randn(64, 3, 8, 8), torch.zeros(64, dtype=torch.long))
     images, _ = next(iter(build_loader(dataset, cfg, torch.device("cuda"), train=True, seed=0)))
     assert images.is_pinned()
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import SyncCounter, make_cfg
+from helpers import SyncCounter, make_cfg, task_of
 
 from gearshift.batch_finder import find_batch_size
-from gearshift.data.loading import TensorImages, build_loader
+from gearshift.data.loading import build_loader
 from gearshift.data.prefetch import CudaPrefetcher
+from gearshift.data.synthetic import TensorPairs
 from gearshift.observe.mfu import gpu_peak
 from gearshift.trainer import fit
 
@@ -21,7 +22,7 @@ def host_loader(pin_memory: str):
     cfg = make_cfg("device=cuda", f"dataloader.pin_memory={pin_memory}", "batch_size=8")
     images = torch.randn(64, 3, 8, 8)
     labels = torch.arange(64)
-    dataset = TensorImages(images, labels)
+    dataset = TensorPairs(images, labels)
     return build_loader(dataset, cfg, CUDA, train=False, seed=0), images, labels
 
 
@@ -77,7 +78,7 @@ def test_batch_size_auto_on_cuda_is_a_multiple_of_8_within_the_memory_cap():
         f"batch_size_finder.max_memory_gib={cap_gib}",
     )
     before = torch.cuda.memory_allocated()
-    choice = find_batch_size(cfg, CUDA, None, torch.contiguous_format)
+    choice = find_batch_size(cfg, task_of(cfg), CUDA, None, torch.contiguous_format, 256)
     assert choice.batch_size % 8 == 0 and choice.batch_size >= 8
     assert choice.bound == "memory_budget"
     # the probe is gone, and its peak does not count as the run's

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import make_cfg
+from helpers import make_cfg, task_of
 
 from gearshift import trainer as loop
 from gearshift.engine.precision import Precision
@@ -65,7 +65,7 @@ def test_flops_per_sample_of_the_mlp_match_its_matmuls():
     input_grads = sum(2 * i * o for i, o in layers[1:])  # the images need no gradient
     want = forward + weight_grads + input_grads
     got = count_flops_per_sample(
-        model, cfg.data, CPU, Precision(None, CPU), torch.contiguous_format
+        model, task_of(cfg), CPU, Precision(None, CPU), torch.contiguous_format
     )
     assert got == want
 
@@ -75,7 +75,9 @@ def test_counting_flops_leaves_the_model_and_the_random_stream_alone():
     model = build_model(cfg.model, CPU, torch.contiguous_format)
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     state = torch.random.get_rng_state()
-    loop.MFU.measure(model, cfg, CPU, Precision(None, CPU), torch.contiguous_format)
+    loop.MFU.measure(
+        model, task_of(cfg), "highest", CPU, Precision(None, CPU), torch.contiguous_format
+    )
     assert all(p.grad is None for p in model.parameters())
     assert all(torch.equal(b, buffers[n]) for n, b in model.named_buffers())
     assert torch.equal(torch.random.get_rng_state(), state)
@@ -88,7 +90,7 @@ def test_activation_checkpointing_recomputation_is_not_counted():
         model = build_model(cfg.model, CPU, torch.contiguous_format)
         counts.append(
             count_flops_per_sample(
-                model, cfg.data, CPU, Precision(None, CPU), torch.contiguous_format
+                model, task_of(cfg), CPU, Precision(None, CPU), torch.contiguous_format
             )
         )
     assert counts[0] == counts[1] > 0

@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
@@ -152,6 +152,33 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
                 _exit(str(error))
             except (HydraException, OmegaConfBaseException) as error:
                 _exit(_describe(error, swept or _culprit(error, variant)))
+        multirun = any(a in ("-m", "--multirun") for a in argv)
+        if problem := _output_folder_problem(config_name, overrides, multirun):
+            _exit(problem)
+
+
+def _output_folder_problem(config_name: str, overrides: list[str], multirun: bool) -> str | None:
+    """Why Hydra could not create the run (or sweep) folder, before it tries and fails with
+    a traceback: a file where a folder must go, or a folder this user may not write in."""
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    hydra_keys = [o for o in overrides if o.lstrip("+~").startswith("hydra.")]
+    try:
+        folder = compose(config_name, overrides=hydra_keys, return_hydra_config=True)
+        value = str(OmegaConf.select(folder, key))
+        path = Path(value).absolute()
+    except Exception:  # a folder named after values only a running job knows: Hydra decides
+        return None
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{key}={value!r} is not allowed; {existing} is a file, not a folder"
+    try:
+        tempfile.TemporaryDirectory(dir=existing).cleanup()
+    except OSError as error:
+        reason = f"cannot create folders in {existing}: {error.strerror}"
+        return f"{key}={value!r} is not allowed; {reason}"
+    return None
 
 
 def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:

@@ -29,16 +29,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from gearshift.data.loading import to_device
 from gearshift.engine.optim import build_optimizer
 from gearshift.engine.precision import Precision
 from gearshift.models.build import build_model
 from gearshift.parallel.distributed import gather_sum_max
 from gearshift.state.checkpoint import find_resume, load_checkpoint
+from gearshift.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -83,31 +84,30 @@ def largest_fitting(fits: Callable[[int], bool], cap: int, step: int = STEP) -> 
     return good
 
 
-def size_cap(cfg: DictConfig) -> tuple[int, str]:
+def size_cap(cfg: DictConfig, num_samples: int | None) -> tuple[int, str]:
     """(largest size worth trying, why): the training set or max_batch_size, a multiple of 8."""
-    num_samples = cfg.data.get("num_samples") or cfg.batch_size_finder.max_batch_size
+    num_samples = num_samples or cfg.batch_size_finder.max_batch_size
     by_data = max(STEP, num_samples // STEP * STEP)
     by_config = cfg.batch_size_finder.max_batch_size // STEP * STEP
     return (by_data, "dataset") if by_data <= by_config else (by_config, "max_batch_size")
 
 
 class _Probe:
-    """A copy of the model and its optimizer, run for real steps on random batches."""
+    """A copy of the model and its optimizer, run for real steps on the task's example
+    batches."""
 
-    def __init__(self, cfg, device, precision_dtype, memory_format) -> None:
-        self.device, self.memory_format, self.data = device, memory_format, cfg.data
+    def __init__(self, cfg, task: Task, device, precision_dtype, memory_format) -> None:
+        self.device, self.memory_format, self.task = device, memory_format, task
         self.model = build_model(cfg.model, device, memory_format)
         self.model.train()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.precision = Precision(precision_dtype, device)  # its own GradScaler
 
     def forward_backward(self, batch_size: int) -> None:
-        data = self.data
-        shape = (batch_size, data.channels, data.image_size, data.image_size)
-        images = torch.randn(shape, device=self.device).contiguous(memory_format=self.memory_format)
-        labels = torch.randint(data.num_classes, (batch_size,), device=self.device)
+        batch = self.task.example_batch(batch_size, self.device)
+        inputs, targets = to_device(batch, self.device, False, self.memory_format)
         with self.precision.autocast():
-            loss = F.cross_entropy(self.model(images), labels)
+            loss = self.task.loss(self.model, inputs, targets)
         self.precision.backward(loss)
 
     def optimizer_step(self) -> None:
@@ -120,10 +120,10 @@ class _Probe:
             self.optimizer_step()
 
 
-def _find_cuda(cfg, device, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
+def _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
     finder = cfg.batch_size_finder
     budget = int(finder.max_memory_gib * GIB) if finder.max_memory_gib else None
-    probe = _Probe(cfg, device, precision_dtype, memory_format)
+    probe = _Probe(cfg, task, device, precision_dtype, memory_format)
 
     def fits(n: int) -> bool:
         torch.cuda.reset_peak_memory_stats(device)
@@ -238,9 +238,11 @@ def measure_step_memory(probe: _Probe, n: int) -> tuple[float, float]:
         return forward_backward, memory.peak
 
 
-def measure_cpu_memory(cfg, precision_dtype, memory_format, sizes=(4, 8)) -> MemoryModel:
+def measure_cpu_memory(
+    cfg, task: Task, precision_dtype, memory_format, sizes=(4, 8)
+) -> MemoryModel:
     """The memory model of training on the CPU, from one real step at each of two sizes."""
-    probe = _Probe(cfg, torch.device("cpu"), precision_dtype, memory_format)
+    probe = _Probe(cfg, task, torch.device("cpu"), precision_dtype, memory_format)
     probe.steps(sizes[0], count=1)  # allocates the optimizer state
     state = [t for s in probe.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
     held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
@@ -253,13 +255,13 @@ def measure_cpu_memory(cfg, precision_dtype, memory_format, sizes=(4, 8)) -> Mem
     return MemoryModel(held, line(fb0, fb1), line(step0, step1))
 
 
-def _find_cpu(cfg, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
+def _find_cpu(cfg, task, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
     finder = cfg.batch_size_finder
     if finder.max_memory_gib:
         budget = int(finder.max_memory_gib * GIB)
     else:
         budget = int(finder.memory_fraction * available_memory())
-    memory = measure_cpu_memory(cfg, precision_dtype, memory_format)
+    memory = measure_cpu_memory(cfg, task, precision_dtype, memory_format)
 
     def fits(n: int) -> bool:
         return memory.peak(n) * (1 + finder.margin) <= budget
@@ -278,16 +280,19 @@ def _find_cpu(cfg, precision_dtype, memory_format, cap, bound) -> BatchSizeChoic
 
 def find_batch_size(
     cfg: DictConfig,
+    task: Task,
     device: torch.device,
     precision_dtype: torch.dtype | None,
     memory_format: torch.memory_format,
+    num_samples: int | None = None,
 ) -> BatchSizeChoice:
-    cap, bound = size_cap(cfg)
+    """The size to train with; `num_samples` (the training set's size) caps it."""
+    cap, bound = size_cap(cfg, num_samples)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the run's seeds are not disturbed
         if device.type == "cuda":
-            return _find_cuda(cfg, device, precision_dtype, memory_format, cap, bound)
-        return _find_cpu(cfg, precision_dtype, memory_format, cap, bound)
+            return _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound)
+        return _find_cpu(cfg, task, precision_dtype, memory_format, cap, bound)
 
 
 def agree_across_ranks(batch_size: int, device: torch.device) -> int:
@@ -307,9 +312,11 @@ def resumed_batch_size(cfg: DictConfig, run_dir: Path | None) -> int | None:
 
 def resolve_batch_size(
     cfg: DictConfig,
+    task: Task,
     device: torch.device,
     precision_dtype: torch.dtype | None,
     memory_format: torch.memory_format,
+    num_samples: int | None,
     run_dir: Path | None = None,
 ) -> tuple[DictConfig, BatchSizeChoice | None]:
     """`cfg` with batch_size=auto replaced by the size found (a copy), and the choice.
@@ -321,7 +328,7 @@ def resolve_batch_size(
     if resumed := resumed_batch_size(cfg, run_dir):
         choice = BatchSizeChoice(resumed, "resumed_checkpoint")
     else:
-        choice = find_batch_size(cfg, device, precision_dtype, memory_format)
+        choice = find_batch_size(cfg, task, device, precision_dtype, memory_format, num_samples)
         agreed = agree_across_ranks(choice.batch_size, device)
         if agreed < choice.batch_size:
             choice = replace(choice, batch_size=agreed, bound="another_rank")

@@ -1,7 +1,13 @@
-"""The training loop: a plain PyTorch loop with each gear applied in one place.
+"""The Trainer: a plain PyTorch loop with each gear applied in one visible place.
 
-The numbers in the comments are the tips of DESIGN.md's gear table. The host waits for
-the device only at log steps (reading the loss); everything else stays asynchronous.
+`fit()` is the whole outer loop. `train_step()` is one micro-batch, and at the end of an
+accumulation window one optimizer step; `evaluate()`, `save()` and `log()` are the other
+seams a subclass may override (`trainer=mypackage.MyTrainer`). Everything a run learns
+comes from its Task (tasks/), everything it reads from its data source (data/sources.py).
+The tip numbers in comments are the rows of docs/gears.md.
+
+The host waits for the device only at log steps (reading the summed loss); everything
+else stays asynchronous.
 """
 
 from __future__ import annotations
@@ -16,14 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from gearshift.batch_finder import resolve_batch_size
+from gearshift.config.instantiate import locate
 from gearshift.data.device_transforms import DeviceTransforms
-from gearshift.data.loading import build_data, resolve_num_workers, resolve_pin_memory, to_device
-from gearshift.data.prefetch import prefetch_active, prefetch_to_device
+from gearshift.data.loading import build_batches, to_device
+from gearshift.data.prefetch import prefetch_to_device
+from gearshift.data.sources import build_datasets
 from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import Precision, resolve_amp_dtype
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
@@ -33,7 +40,9 @@ from gearshift.observe.console import print_summary, progress_bar
 from gearshift.observe.loggers import NullLogger, build_logger, write_json_atomic
 from gearshift.observe.metrics import Interval, PerfMeter, memory_metrics, peak_memory
 from gearshift.observe.mfu import MFU
+from gearshift.observe.summary import log_summary, make_summary, resolved_gears
 from gearshift.parallel.distributed import (
+    Ranks,
     destroy_process_group,
     gather_sum_max,
     grad_sync,
@@ -54,6 +63,7 @@ from gearshift.state.checkpoint import (
     training_state,
 )
 from gearshift.state.preemption import StopRequest
+from gearshift.tasks import build_task
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,23 @@ class RunResult:
     optimizer: torch.optim.Optimizer
     summary: dict[str, Any]
     steady: Interval  # the steady-state steps behind the summary's figures
+
+
+def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResult:
+    """Train as `cfg` says; write summary.json, checkpoints and W&B into `run_dir` (rank 0)."""
+    ranks = ranks_from_environment()
+    strategy = resolve_strategy(cfg.distributed.strategy, ranks)  # 18
+    device = resolve_device(cfg.device, ranks.local_rank)
+    if not ranks.is_zero:  # rank 0 speaks for the job
+        logging.getLogger("gearshift").setLevel(logging.WARNING)
+    if strategy in ("ddp", "fsdp"):
+        init_process_group(ranks, device, cfg.distributed)
+        run_dir = Path(rank_zero_value(str(run_dir)))  # one run folder, rank 0's, for every rank
+    try:
+        trainer_class = locate("trainer", cfg.trainer)
+        return trainer_class(cfg, run_dir, run_name, ranks, strategy, device).fit()
+    finally:
+        destroy_process_group()
 
 
 def timed(batches: Iterable, meter: PerfMeter) -> Iterator:
@@ -78,318 +105,293 @@ def timed(batches: Iterable, meter: PerfMeter) -> Iterator:
         yield batch
 
 
-@torch.inference_mode()  # tip 14: no autograd graph, no version counters
-def evaluate(model: nn.Module, batches: Iterable, place, precision: Precision) -> dict[str, float]:
-    """Loss and accuracy over every rank's share of the validation set."""
-    model.eval()
-    device = next(model.parameters()).device
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), dtype=torch.int64, device=device)
-    count = 0
-    for batch in batches:
-        images, labels = place(batch)
-        with precision.autocast():
-            logits = model(images)
-        loss_sum += F.cross_entropy(logits.float(), labels, reduction="sum")
-        correct += (logits.argmax(dim=1) == labels).sum()
-        count += labels.shape[0]
-    model.train()
-    (loss, right, seen), _ = gather_sum_max([loss_sum.item(), correct.item(), count], [], device)
-    return {"val_loss": loss / seen, "val_accuracy": right / seen}
-
-
-def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResult:
-    """Train as `cfg` says; write summary.json, checkpoints and W&B into `run_dir` (rank 0)."""
-    ranks = ranks_from_environment()
-    strategy = resolve_strategy(cfg.distributed.strategy, ranks)  # 18
-    device = resolve_device(cfg.device, ranks.local_rank)
-    if not ranks.is_zero:  # rank 0 speaks for the job
-        logging.getLogger("gearshift").setLevel(logging.WARNING)
-    if strategy in ("ddp", "fsdp"):
-        init_process_group(ranks, device, cfg.distributed)
-        run_dir = Path(rank_zero_value(str(run_dir)))  # one run folder, rank 0's, for every rank
-    try:
-        return _fit(cfg, run_dir, run_name, ranks, strategy, device)
-    finally:
-        destroy_process_group()
-
-
-def _fit(
-    cfg: DictConfig, run_dir: Path, run_name: str | None, ranks, strategy, device
-) -> RunResult:
-    if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
-        torch.cuda.reset_peak_memory_stats(device)
-    seed_everything(cfg.seed)
-    configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
-    precision = Precision(resolve_amp_dtype(cfg.amp.dtype, device), device)  # 11
-    channels_last = cfg.memory_format.channels_last  # 16
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    non_blocking = cfg.dataloader.non_blocking  # 7
-    cfg, batch_choice = resolve_batch_size(cfg, device, precision.dtype, memory_format, run_dir)
-    transforms = DeviceTransforms(cfg.device_transforms, device, memory_format, cfg.seed)
-
-    def place(batch, train: bool = False):
-        images, labels = to_device(batch, device, non_blocking, memory_format)
-        return transforms(images, train), labels  # normalise (and augment) on the device
-
-    train_batches, val_batches = build_data(cfg, device, ranks.rank, ranks.world_size)  # 2-4, 6
-    train_batches = prefetch_to_device(train_batches, cfg, device, memory_format)  # 7
-    val_batches = prefetch_to_device(val_batches, cfg, device, memory_format)
-    model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
-    model.train()
-    advice = advise(cfg, model, device, precision.dtype)  # 9, 10, 15-18: once, with the fix
-    if ranks.is_zero:
-        log_findings(advice)
-    mfu = MFU.measure(model, cfg, device, precision, memory_format, strategy)
-    forward = wrap_model(maybe_compile(model, cfg.compile), strategy, device, cfg.distributed)  # 8
-    optimizer = build_optimizer(model, cfg.optimizer)
-    batches_per_epoch = len(train_batches)
-    total_steps = cfg.max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
-    schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    checkpoints = run_dir / "checkpoints"
-    sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
-    position = Position()
-    if resume_from := find_resume(cfg.resume, checkpoints):
-        state = load_checkpoint(resume_from)
-        position = restore_training_state(
-            state, resume_from, model, optimizer, precision.scaler, schedule, sharded
-        )
-        if changed := changed_settings(state["config"], config):  # a requeue changes nothing
-            log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
-    finished = run_dir / "summary.json"
-    if position.step >= total_steps and finished.is_file():  # a rerun of a finished run
-        log.warning(
-            "%s trained all %d steps already; nothing to do (resume=null trains it again)",
+class Trainer:
+    def __init__(
+        self,
+        cfg: DictConfig,
+        run_dir: Path,
+        run_name: str | None,
+        ranks: Ranks,
+        strategy: str,
+        device: torch.device,
+    ) -> None:
+        self.run_dir, self.run_name, self.ranks, self.strategy = run_dir, run_name, ranks, strategy
+        self.device = device
+        if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
+            torch.cuda.reset_peak_memory_stats(device)
+        seed_everything(cfg.seed)
+        configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
+        self.precision = Precision(resolve_amp_dtype(cfg.amp.dtype, device), device)  # 11
+        channels_last = cfg.memory_format.channels_last  # 16
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.non_blocking = cfg.dataloader.non_blocking  # 7
+        self.task = build_task(cfg.task)
+        train_set, val_set = build_datasets(cfg.data, device)  # 1, 4, 6
+        cfg, self.batch_choice = resolve_batch_size(  # 10
+            cfg,
+            self.task,
+            device,
+            self.precision.dtype,
+            self.memory_format,
+            len(train_set),
             run_dir,
-            total_steps,
         )
-        summary = json.loads(finished.read_text())
-        return RunResult(model=model, optimizer=optimizer, summary=summary, steady=Interval())
-
-    gears = resolved_gears(cfg, precision, device, strategy)
-    rank_zero = ranks.is_zero
-    logger = build_logger(cfg.logger, run_dir, config, run_name) if rank_zero else NullLogger()
-    meter = PerfMeter(device, cfg.warmup_steps)
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info(
-        "%s on %s, %.2fM parameters, %d steps",
-        type(model).__name__,
-        device,
-        n_params / 1e6,
-        total_steps,
-    )
-
-    step, samples, epoch, start_batch = (
-        position.step,
-        position.samples,
-        position.epoch,
-        position.batch,
-    )
-    window_samples = 0
-    last_loss = float("nan")
-    val: dict[str, float | None] = {"val_loss": None, "val_accuracy": None}
-    loss_sum = torch.zeros((), device=device)  # summed on the device, read at log steps only
-    stop_agreed = False  # several ranks stop together, deciding at a log step
-    summary: dict[str, Any] | None = None
-    bar = progress_bar(enabled=rank_zero and cfg.progress_bar)
-
-    def save_checkpoint_at(next_batch: int) -> Path | None:
-        if not (rank_zero or sharded):  # sharded: every rank takes part in gathering the state
-            return None
-        model_state, optimizer_state = full_state(model, optimizer, sharded)
-        if not rank_zero:
-            return None
-        done_epoch = next_batch == batches_per_epoch  # the next batch opens the next epoch
-        where = Position(step, epoch + done_epoch, 0 if done_epoch else next_batch, samples)
-        state = training_state(
-            config, model_state, optimizer_state, precision.scaler, schedule, where
+        self.cfg = cfg
+        on_device = bool(cfg.data.get("on_device"))
+        train, val = build_batches(  # 2, 3
+            cfg, train_set, val_set, on_device, device, ranks.rank, ranks.world_size
         )
-        return save_checkpoint(state, checkpoints, step, keep=cfg.checkpoint.keep)
+        self.train_batches = prefetch_to_device(train, cfg, device, self.memory_format)  # 7
+        self.val_batches = prefetch_to_device(val, cfg, device, self.memory_format)
+        self.transforms = DeviceTransforms(
+            cfg.device_transforms, device, self.memory_format, cfg.seed
+        )
+        self.model = build_model(cfg.model, device, self.memory_format)  # + model.checkpointing
+        self.model.train()
+        self.advice = advise(cfg, self.model, device, self.precision.dtype)  # 9, 10, 15-18
+        if ranks.is_zero:
+            log_findings(self.advice)
+        self.mfu = MFU.measure(
+            self.model, self.task, cfg.matmul_precision, device, self.precision,
+            self.memory_format, strategy,
+        )  # fmt: skip
+        compiled = maybe_compile(self.model, cfg.compile)  # 8
+        self.forward = wrap_model(compiled, strategy, device, cfg.distributed)  # 18
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.batches_per_epoch = len(self.train_batches)
+        self.total_steps = cfg.max_steps or cfg.epochs * math.ceil(
+            self.batches_per_epoch / cfg.accum
+        )
+        self.schedule = build_schedule(self.optimizer, cfg.optimizer, self.total_steps)
+        self.config = OmegaConf.to_container(cfg, resolve=True)
+        self.checkpoints = run_dir / "checkpoints"
+        self.sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
+        self.position = self.resume()
+        # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
+        self.accum, self.set_to_none = cfg.accum, cfg.optimizer.set_to_none
+        self.log_every, self.warmup_steps = cfg.log_every_n_steps, cfg.warmup_steps
+        self.val_every = cfg.val_every_n_steps
+        self.checkpoint_every, self.checkpoint_at_end = (
+            cfg.checkpoint.every_n_steps,
+            cfg.checkpoint.at_end,
+        )
+        self.meter = PerfMeter(device, cfg.warmup_steps)
+        self.loss_sum = torch.zeros((), device=device)  # summed on the device, read at log steps
+        self.window_samples = 0
+        self.last_loss = float("nan")
+        self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
+        self.stop_agreed = False  # several ranks stop together, deciding at a log step
+        self.logger: NullLogger = NullLogger()
 
-    def log_point() -> None:
-        nonlocal last_loss, stop_agreed
-        loss_total = loss_sum.item()  # the loop's one host-device sync
-        loss_sum.zero_()
-        interval = meter.flush()
-        peak_bytes, _ = peak_memory(device)
+    # ------------------------------------------------------------------ the loop
+
+    def fit(self) -> RunResult:
+        if (finished := self.finished_summary()) is not None:
+            return RunResult(self.model, self.optimizer, finished, Interval())
+        if self.ranks.is_zero:
+            self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
+        self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
+        p, summary = self.position, None
+        log.info(
+            "%s on %s, %.2fM parameters, %d steps",
+            type(self.model).__name__,
+            self.device,
+            sum(t.numel() for t in self.model.parameters()) / 1e6,
+            self.total_steps,
+        )
+        try:
+            with self.progress, StopRequest() as self.stop:
+                self.bar = self.progress.add_task(
+                    "train", total=self.total_steps, samples_per_sec=0.0, loss=float("nan")
+                )
+                self.progress.update(self.bar, completed=p.step)
+                self.meter.resume()
+                while p.step < self.total_steps:
+                    self.train_batches.set_epoch(p.epoch, p.batch)
+                    for batch in timed(self.train_batches, self.meter):
+                        if not self.train_step(batch):
+                            continue  # accumulating: the optimizer steps once per window
+                        at_end = p.step == self.total_steps
+                        if p.step % self.log_every == 0 or p.step == self.warmup_steps or at_end:
+                            self.log(self.log_point())
+                        if self.stop_agreed if self.ranks.world_size > 1 else self.stop:
+                            raise self.stop.stopped(p.step, self.save())
+                        every = self.checkpoint_every
+                        if (every and p.step % every == 0) or (at_end and self.checkpoint_at_end):
+                            self.save()
+                        if self.val_every and p.step % self.val_every == 0 and not at_end:
+                            self.validate()
+                        if at_end:
+                            break
+                    else:
+                        p.epoch, p.batch = p.epoch + 1, 0
+            self.validate()
+            summary = self.summarize()
+        finally:
+            self.logger.finish(summary)
+        return RunResult(self.model, self.optimizer, summary, self.meter.steady_state())
+
+    def train_step(self, batch: Any) -> bool:
+        """One micro-batch forward and backward; at the end of its accumulation window one
+        optimizer step (tip 13). Returns whether the optimizer stepped."""
+        p = self.position
+        first = p.batch - p.batch % self.accum
+        last = min(first + self.accum, self.batches_per_epoch) - 1  # a short last window too
+        inputs, targets = self.place(batch, train=True)
+        with grad_sync(self.forward, enabled=p.batch == last):  # 13: one all-reduce per window
+            with self.precision.autocast():  # 11
+                loss = self.task.loss(self.forward, inputs, targets)
+            if last > first:
+                loss = loss / (last - first + 1)  # the window's gradients sum to its mean
+            self.precision.backward(loss)
+        self.loss_sum += loss.detach()
+        self.window_samples += self.task.count(inputs, targets)
+        p.batch += 1
+        if p.batch <= last:
+            return False
+        self.precision.step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=self.set_to_none)  # 12
+        if self.schedule is not None:
+            self.schedule.step()
+        p.step += 1
+        p.samples += self.window_samples
+        self.meter.step(self.window_samples)
+        self.window_samples = 0
+        return True
+
+    def place(self, batch: Any, train: bool = False) -> tuple[Any, Any]:
+        """The batch on the device in the model's layout (7, 16), normalised and augmented there."""
+        inputs, targets = to_device(batch, self.device, self.non_blocking, self.memory_format)
+        return self.transforms(inputs, train), targets
+
+    @torch.inference_mode()  # 14: no autograd graph, no version counters
+    def evaluate(self) -> dict[str, float]:
+        """The task's validation metrics over every rank's share of the validation set."""
+        self.model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        for batch in self.val_batches:
+            inputs, targets = self.place(batch)
+            with self.precision.autocast():
+                batch_sums = self.task.eval_sums(self.model, inputs, targets)
+            for key, value in batch_sums.items():
+                sums[key] = sums[key] + value if key in sums else value
+            count += self.task.count(inputs, targets)
+        self.model.train()
+        keys = sorted(sums)
+        local = torch.stack([sums[k].double() for k in keys]).tolist() if keys else []
+        totals, _ = gather_sum_max([*local, count], [], self.device)
+        return self.task.eval_metrics(dict(zip(keys, totals, strict=False)), int(totals[-1]))
+
+    def validate(self) -> None:
+        if self.val_batches is None:
+            return
+        self.val.update(self.evaluate())
+        self.log({f"val/{key.removeprefix('val_')}": value for key, value in self.val.items()})
+        self.meter.resume()  # validation time is not training time
+
+    def log(self, metrics: dict[str, float]) -> None:
+        """Send metrics of the current step to the logger (rank 0's; others hold a null one)."""
+        self.logger.log(metrics, step=self.position.step)
+
+    def log_point(self) -> dict[str, float]:
+        """The metrics of the interval since the last log step: the loop's one host sync."""
+        loss_total = self.loss_sum.item()
+        self.loss_sum.zero_()
+        interval = self.meter.flush()
+        peak_bytes, _ = peak_memory(self.device)
+        world = self.ranks.world_size
         (loss_total, global_samples, stops), (peak_bytes,) = gather_sum_max(
-            [loss_total, interval.samples, float(bool(stop))], [peak_bytes], device
+            [loss_total, interval.samples, float(bool(self.stop))], [peak_bytes], self.device
         )
-        last_loss = loss_total / (interval.steps * ranks.world_size)
-        stop_agreed = stops > 0
+        self.last_loss = loss_total / (interval.steps * world)
+        self.stop_agreed = stops > 0
         samples_per_sec = global_samples / interval.seconds
         metrics = {
-            "train/loss": last_loss,
-            "train/lr": optimizer.param_groups[0]["lr"],
+            "train/loss": self.last_loss,
+            "train/lr": self.optimizer.param_groups[0]["lr"],
             "perf/samples_per_sec": samples_per_sec,
             "perf/step_time_ms": interval.median_step_ms,
             "perf/data_wait_pct": interval.data_wait_pct,
-            **mfu.metrics(samples_per_sec / ranks.world_size),
+            **self.mfu.metrics(samples_per_sec / world),
             "mem/peak_gib": peak_bytes / 2**30,
-            **memory_metrics(device),
+            **memory_metrics(self.device),
         }
-        if precision.scaler.is_enabled():
-            metrics["amp/grad_scale"] = precision.grad_scale()
-            metrics["amp/skipped_steps"] = int(precision.skipped_steps)
-        logger.log(metrics, step=step)
-        bar.update(task, completed=step, samples_per_sec=samples_per_sec, loss=last_loss)
-        bar.refresh()
+        if self.precision.scaler.is_enabled():
+            metrics["amp/grad_scale"] = self.precision.grad_scale()
+            metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)
+        self.progress.update(
+            self.bar,
+            completed=self.position.step,
+            samples_per_sec=samples_per_sec,
+            loss=self.last_loss,
+        )
+        self.progress.refresh()
+        return metrics
 
-    def validate() -> None:
-        if val_batches is not None:
-            val.update(evaluate(model, val_batches, place, precision))
-            logger.log(
-                {"val/loss": val["val_loss"], "val/accuracy": val["val_accuracy"]}, step=step
-            )
-            meter.resume()  # validation time is not training time
+    # ------------------------------------------------------------------ state
 
-    # Plain values for the step: a DictConfig lookup costs microseconds, a local nothing.
-    accum, set_to_none = cfg.accum, cfg.optimizer.set_to_none
-    log_every, warmup_steps, val_every = (
-        cfg.log_every_n_steps,
-        cfg.warmup_steps,
-        cfg.val_every_n_steps,
-    )
-    checkpoint_every, checkpoint_at_end = cfg.checkpoint.every_n_steps, cfg.checkpoint.at_end
+    def resume(self) -> Position:
+        """Where training starts: the checkpoint resume=auto|PATH names, or the beginning."""
+        path = find_resume(self.cfg.resume, self.checkpoints)
+        if path is None:
+            return Position()
+        state = load_checkpoint(path)
+        position = restore_training_state(
+            state,
+            path,
+            self.model,
+            self.optimizer,
+            self.precision.scaler,
+            self.schedule,
+            self.sharded,
+        )
+        if changed := changed_settings(state["config"], self.config):  # a requeue changes none
+            log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
+        return position
 
-    try:
-        with bar, StopRequest() as stop:
-            task = bar.add_task("train", total=total_steps, samples_per_sec=0.0, loss=float("nan"))
-            bar.update(task, completed=step)
-            meter.resume()
-            while step < total_steps:
-                train_batches.set_epoch(epoch, start_batch)
-                for i, batch in enumerate(timed(train_batches, meter), start=start_batch):
-                    window_start = i - i % accum
-                    window_end = min(window_start + accum, batches_per_epoch)  # may be short
-                    images, labels = place(batch, train=True)
-                    with grad_sync(forward, enabled=i + 1 == window_end):  # 13: one all-reduce
-                        with precision.autocast():
-                            loss = F.cross_entropy(forward(images), labels)
-                        if window_end - window_start > 1:
-                            loss = loss / (window_end - window_start)  # grads sum to the mean
-                        precision.backward(loss)
-                    loss_sum += loss.detach()
-                    window_samples += labels.shape[0]
-                    if i + 1 < window_end:
-                        continue  # accumulate: the optimizer steps once per window
-                    precision.step(optimizer)
-                    optimizer.zero_grad(set_to_none=set_to_none)  # 12
-                    if schedule is not None:
-                        schedule.step()
-                    step += 1
-                    samples += window_samples
-                    meter.step(window_samples)
-                    window_samples = 0
-                    at_end = step == total_steps
-                    if step % log_every == 0 or step == warmup_steps or at_end:
-                        log_point()
-                    stopping = stop_agreed if ranks.world_size > 1 else bool(stop)
-                    saved = None
-                    if (
-                        stopping
-                        or (checkpoint_every and step % checkpoint_every == 0)
-                        or (at_end and checkpoint_at_end)
-                    ):
-                        saved = save_checkpoint_at(next_batch=i + 1)
-                    if stopping:
-                        raise stop.stopped(step, saved)
-                    if val_every and step % val_every == 0 and not at_end:
-                        validate()
-                    if at_end:
-                        break
-                epoch, start_batch = epoch + 1, 0
-        validate()
+    def save(self) -> Path | None:
+        """Checkpoint the run at its position; rank 0 writes (sharded: every rank gathers)."""
+        if not (self.ranks.is_zero or self.sharded):
+            return None
+        model_state, optimizer_state = full_state(self.model, self.optimizer, self.sharded)
+        if not self.ranks.is_zero:
+            return None
+        p = self.position
+        done_epoch = p.batch == self.batches_per_epoch  # the next batch opens the next epoch
+        where = Position(p.step, p.epoch + done_epoch, 0 if done_epoch else p.batch, p.samples)
+        state = training_state(
+            self.config, model_state, optimizer_state, self.precision.scaler, self.schedule, where
+        )
+        return save_checkpoint(state, self.checkpoints, p.step, keep=self.cfg.checkpoint.keep)
+
+    def finished_summary(self) -> dict[str, Any] | None:
+        """A rerun of a finished run trains nothing and keeps its summary."""
+        finished = self.run_dir / "summary.json"
+        if self.position.step < self.total_steps or not finished.is_file():
+            return None
+        log.warning(
+            "%s trained all %d steps already; nothing to do (resume=null trains it again)",
+            self.run_dir,
+            self.total_steps,
+        )
+        return json.loads(finished.read_text())
+
+    def summarize(self) -> dict[str, Any]:
+        """summary.json (rank 0 writes it), the log line and the closing table."""
+        p, world = self.position, self.ranks.world_size
+        gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
         summary = make_summary(
-            meter, device, ranks.world_size, step, samples, last_loss, gears, val
+            self.meter, self.device, world, p.step, p.samples, self.last_loss, gears, self.val
         )
         summary |= {
-            **mfu.summary(summary["samples_per_sec_per_device"]),
-            "batch_size_finder": batch_choice.as_dict() if batch_choice else None,
-            "advice": [finding.as_dict() for finding in advice],
+            **self.mfu.summary(summary["samples_per_sec_per_device"]),
+            "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
+            "advice": [finding.as_dict() for finding in self.advice],
         }
-        if rank_zero:
-            write_json_atomic(run_dir / "summary.json", summary)
+        if self.ranks.is_zero:
+            write_json_atomic(self.run_dir / "summary.json", summary)
             log_summary(summary)
-            if cfg.progress_bar:
+            if self.cfg.progress_bar:
                 print_summary(summary)
-    finally:
-        logger.finish(summary)
-    return RunResult(model=model, optimizer=optimizer, summary=summary, steady=meter.steady_state())
-
-
-def make_summary(
-    meter: PerfMeter,
-    device: torch.device,
-    world_size: int,
-    steps: int,
-    samples: int,
-    final_loss: float,
-    gears: dict[str, Any],
-    val: dict[str, float | None],
-) -> dict[str, Any]:
-    """summary.json: the keys DESIGN.md promises, always all of them, reduced over ranks."""
-    steady = meter.steady_state()
-    local_peak, peak_kind = peak_memory(device)
-    (steady_samples,), (seconds, peak_bytes) = gather_sum_max(
-        [steady.samples], [steady.seconds, local_peak], device
-    )
-    samples_per_sec = steady_samples / seconds if seconds > 0 else 0.0
-    return {
-        "samples_per_sec": samples_per_sec,
-        "samples_per_sec_per_device": samples_per_sec / world_size,
-        "step_time_ms": steady.median_step_ms,
-        "data_wait_pct": steady.data_wait_pct,
-        "peak_memory_bytes": int(peak_bytes),
-        "peak_memory_kind": peak_kind,
-        "final_loss": final_loss,
-        "steps": steps,
-        "samples": samples * world_size,
-        "world_size": world_size,
-        "device": str(device),
-        "gears": gears,
-        **val,
-    }
-
-
-def log_summary(summary: dict[str, Any]) -> None:
-    log.info(
-        "%.1f samples/s, step %.1f ms, data wait %.1f%%, peak %s %.0f MiB, loss %.4f",
-        summary["samples_per_sec"],
-        summary["step_time_ms"],
-        summary["data_wait_pct"],
-        summary["peak_memory_kind"],
-        summary["peak_memory_bytes"] / 2**20,
-        summary["final_loss"],
-    )
-
-
-def resolved_gears(
-    cfg: DictConfig, precision: Precision, device: torch.device, strategy: str
-) -> dict[str, Any]:
-    """The switches as they act on this machine (amp=on resolved to its dtype, workers counted)."""
-    dl = cfg.dataloader
-    on_device = cfg.data.on_device
-    return {
-        "amp": str(precision.dtype).removeprefix("torch.") if precision.dtype else "off",
-        "grad_scaler": precision.scaler.is_enabled(),
-        "accum": cfg.accum,
-        "batch_size": cfg.batch_size,
-        "memory_format": "channels_last" if cfg.memory_format.channels_last else "contiguous",
-        "data_on_device": on_device,
-        "num_workers": 0 if on_device else resolve_num_workers(dl.num_workers),
-        "pin_memory": False if on_device else resolve_pin_memory(dl.pin_memory, device),
-        "non_blocking": dl.non_blocking,
-        "prefetch_to_device": prefetch_active(cfg, device),
-        "device_transforms": DeviceTransforms.describe(cfg.device_transforms),
-        "checkpointing": bool(cfg.model.get("checkpointing", False)),
-        "compile": cfg.compile.mode if cfg.compile.enabled else "off",
-        "cudnn_benchmark": cfg.cudnn_benchmark,
-        "matmul_precision": cfg.matmul_precision,
-        "optimizer": cfg.optimizer.name,
-        "fused": cfg.optimizer.fused,
-        "foreach": cfg.optimizer.foreach,
-        "set_to_none": cfg.optimizer.set_to_none,
-        "distributed": strategy,
-    }
+        return summary

@@ -27,7 +27,15 @@ LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
-DATASETS = ("synthetic", "imagefolder", "cifar10")
+# The built-in data sources by their _target_, with the names their conf/data files have;
+# their values are checked here, before any run folder exists. A source of your own is
+# checked by its own code when it builds the datasets.
+SOURCES = {
+    "gearshift.data.synthetic.synthetic_images": "synthetic",
+    "gearshift.data.synthetic.synthetic_regression": "synthetic_regression",
+    "gearshift.data.images.image_folder": "imagefolder",
+    "gearshift.data.images.cifar10": "cifar10",
+}
 CHECK_IMAGES = ("header", "decode", "off")
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
@@ -86,18 +94,24 @@ def _check_dataloader(cfg: DictConfig) -> None:
 
 
 def _check_data(cfg: DictConfig) -> None:
-    _check_choice(cfg, "data.name", DATASETS)
-    from_disk = cfg.data.name != "synthetic"
+    target = cfg.data.get("_target_")
+    if not target:
+        _fail("data._target_", target, "name the source: a function that returns the datasets")
+    name = SOURCES.get(target)
+    if name is None:
+        return  # a source of your own: its code checks its values when it builds the data
+    from_disk = not name.startswith("synthetic")
     _check_int(cfg, "data.num_samples", 1, optional=from_disk)
     _check_int(cfg, "data.num_val_samples", 0, optional=from_disk)
     for key in ("data.image_size", "data.channels"):
         _check_int(cfg, key, 1)
-    _check_int(cfg, "data.num_classes", 2)
+    if name != "synthetic_regression":
+        _check_int(cfg, "data.num_classes", 2)
     if from_disk:
-        _check_disk_data(cfg)
+        _check_disk_data(cfg, name)
         return
     for key, idle in DISK_ONLY.items():
-        if cfg.data[key] != idle:
+        if cfg.data.get(key, idle) != idle:
             _fail(f"data.{key}", cfg.data[key], "it applies to data read from disk only")
     if (
         cfg.dataloader.drop_last
@@ -111,15 +125,15 @@ def _check_data(cfg: DictConfig) -> None:
         )
 
 
-def _check_disk_data(cfg: DictConfig) -> None:
+def _check_disk_data(cfg: DictConfig, name: str) -> None:
     """imagefolder and cifar10: the folder exists, and the values fit the source."""
     data = cfg.data
-    name = data.name
-    if data.on_device:
+    if data.get("on_device"):
         _fail("data.on_device", True, f"only synthetic data is made on the device, not {name}")
-    if not 0 <= data.val_fraction < 1:
+    if name == "imagefolder" and not 0 <= data.val_fraction < 1:
         _fail("data.val_fraction", data.val_fraction, "expected a number >= 0 and < 1")
-    _check_choice(cfg, "data.check_images", CHECK_IMAGES)
+    if name == "imagefolder":
+        _check_choice(cfg, "data.check_images", CHECK_IMAGES)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
         _fail(
@@ -174,15 +188,14 @@ def _check_optimizer(cfg: DictConfig) -> None:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
 
-def _check_model(cfg: DictConfig) -> None:
-    target = OmegaConf.select(cfg, "model._target_")
+def _check_importable(key: str, target: Any, what: str) -> None:
     if not target:
-        _fail("model._target_", target, "name the model class or function to build")
+        _fail(key, target, f"name the {what} to build")
     module, _, name = str(target).rpartition(".")
     try:
         getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        _fail("model._target_", target, "expected an importable class or function (module.Name)")
+        _fail(key, target, "expected an importable class or function (module.Name)")
 
 
 def _check_batch_size(cfg: DictConfig) -> None:
@@ -200,10 +213,10 @@ def _check_batch_size(cfg: DictConfig) -> None:
 
 
 def _check_device_transforms(cfg: DictConfig) -> None:
-    transforms, channels = cfg.device_transforms, cfg.data.channels
+    transforms, channels = cfg.device_transforms, cfg.data.get("channels")
     for key in ("mean", "std"):
         values = list(transforms[key])
-        if len(values) not in (1, channels):
+        if channels is not None and len(values) not in (1, channels):
             _fail(
                 f"device_transforms.{key}",
                 values,
@@ -248,7 +261,9 @@ def _check_resume(resume: str | None) -> None:
 
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed."""
-    _check_model(cfg)
+    for key, what in (("model", "model class or function"), ("task", "task class")):
+        _check_importable(f"{key}._target_", OmegaConf.select(cfg, f"{key}._target_"), what)
+    _check_importable("trainer", cfg.trainer, "Trainer class")
     _check_choice(cfg, "amp.dtype", AMP_DTYPES)
     _check_choice(cfg, "compile.mode", COMPILE_MODES)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)

@@ -46,27 +46,6 @@ class CompileConfig:
 
 
 @dataclass
-class DataConfig:
-    name: str = "synthetic"  # synthetic | imagefolder | cifar10
-    num_samples: int | None = 4096  # from disk: null = all, N = a seeded subset of N
-    num_val_samples: int | None = 512  # 0: no validation
-    image_size: int = 32
-    channels: int = 3
-    num_classes: int = 10
-    noise: float = 1.0  # synthetic: std of the noise around each class's pattern
-    on_device: bool = True  # synthetic: generate on the device (no loader, no copies)
-    path: str | None = None  # imagefolder, cifar10: the dataset's folder
-    val_fraction: float = 0.1  # imagefolder without a val/ folder: share held out per class
-    split_seed: int = 0  # the held-out split and subsets (fixed across training seeds)
-    download: bool = False  # cifar10: fetch into data.path through torchvision
-    stage_to: str | None = None  # tip 1: copy the dataset here (fast local disk) first
-    check_images: str = "header"  # imagefolder at start: header | decode | off
-    augment: bool = False  # training images: padded random crop + horizontal flip
-    mean: list[float] | None = None  # normalise after scaling to [0, 1]; null: no
-    std: list[float] | None = None
-
-
-@dataclass
 class DeviceTransformsConfig:
     """Normalisation and simple augmentation on the training device (device_transforms.py)."""
 
@@ -135,7 +114,8 @@ class CheckpointConfig:
 @dataclass
 class Config:
     model: dict[str, Any] = MISSING  # instantiated through its _target_
-    data: DataConfig = MISSING
+    data: dict[str, Any] = MISSING  # a source: its _target_ builds the datasets (data/sources.py)
+    task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)
     dataloader: DataLoaderConfig = MISSING
     optimizer: OptimizerConfig = MISSING
     amp: AmpConfig = MISSING
@@ -159,6 +139,7 @@ class Config:
     cudnn_benchmark: bool = False
     matmul_precision: str = "highest"  # highest | high | medium
     progress_bar: bool = True
+    trainer: str = "gearshift.trainer.Trainer"  # a subclass of yours: mypackage.MyTrainer
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

@@ -44,7 +44,9 @@ class DeviceTransforms:
         return bool(self.normalize or self.hflip or self.padding)
 
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:
-        if not images.is_floating_point():
+        if not isinstance(images, torch.Tensor) or images.dim() != 4:
+            return images  # not a batch of images: nothing here applies
+        if images.dtype == torch.uint8:
             images = images.float().div_(255)
         elif not self.active:
             return images

@@ -1,4 +1,4 @@
-"""Datasets read from disk: `data=imagefolder` (your images) and `data=cifar10`.
+"""Sources read from disk: `data=imagefolder` (your images) and `data=cifar10`.
 
 Both hand images over as tensors built with `torch.from_numpy` (tip 6: no copy, no
 per-pixel Python), then run the same torchvision transforms v2 pipeline: resize to
@@ -18,10 +18,10 @@ from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
@@ -46,7 +46,7 @@ def _bad_path(path: Path | str, reason: str) -> ConfigError:
 # ---------------------------------------------------------------- transforms
 
 
-def image_transform(data: DictConfig, source_size: int | None, train: bool) -> v2.Compose:
+def image_transform(data: SimpleNamespace, source_size: int | None, train: bool) -> v2.Compose:
     """uint8 CHW tensor -> float32 CHW tensor of `data.image_size` squared.
 
     Resizing keeps the aspect ratio (shorter side to the size, then a centre crop);
@@ -92,7 +92,11 @@ class ImageFiles(Dataset):
     """(path, label) pairs decoded on access, in the loader's worker processes."""
 
     def __init__(
-        self, samples: Sequence[tuple[str, int]], classes: list[str], data: DictConfig, train: bool
+        self,
+        samples: Sequence[tuple[str, int]],
+        classes: list[str],
+        data: SimpleNamespace,
+        train: bool,
     ) -> None:
         self.samples, self.classes = list(samples), classes
         self.mode, self.size = PIL_MODES[data.channels], data.image_size
@@ -184,9 +188,10 @@ def find_bad_images(paths: Sequence[str], how: str) -> list[tuple[str, str]]:
     return [(path, problem) for path, problem in zip(paths, problems, strict=True) if problem]
 
 
-def image_folder_datasets(cfg: DictConfig, root: Path) -> tuple[ImageFiles, ImageFiles | None]:
+def image_folder_datasets(
+    data: SimpleNamespace, root: Path
+) -> tuple[ImageFiles, ImageFiles | None]:
     """`root`/train/<class>/... (+ `root`/val/<class>/...) or `root`/<class>/... split by ratio."""
-    data = cfg.data
     train_root = root / "train" if (root / "train").is_dir() else root
     classes, train = index_class_folders(train_root)
     if not train:
@@ -288,8 +293,9 @@ def download_cifar(root: Path) -> None:
         CIFAR10(str(root), train=True, download=True)
 
 
-def cifar_datasets(cfg: DictConfig, folder: Path) -> tuple[TensorImageSet, TensorImageSet | None]:
-    data = cfg.data
+def cifar_datasets(
+    data: SimpleNamespace, folder: Path
+) -> tuple[TensorImageSet, TensorImageSet | None]:
     try:
         train_images, train_labels = read_cifar_batches([folder / f for f in CIFAR_TRAIN])
         val_images, val_labels = read_cifar_batches([folder / CIFAR_TEST])
@@ -312,20 +318,54 @@ def cifar_datasets(cfg: DictConfig, folder: Path) -> tuple[TensorImageSet, Tenso
     return sets[0], (sets[1] if len(sets[1]) else None)
 
 
-# ---------------------------------------------------------------- dispatch
+# ---------------------------------------------------------------- the sources
 
 
-def build_datasets(cfg: DictConfig) -> tuple[Dataset, Dataset | None]:
-    """(train, validation or None) for a source read from disk, staged first if asked."""
-    data = cfg.data
-    root = Path(data.path).expanduser()
-    if data.name == "cifar10":
-        if data.download:
-            download_cifar(root)
-        folder = cifar_folder(root)
-        if data.stage_to:
-            folder = stage(folder, Path(data.stage_to))
-        return cifar_datasets(cfg, folder)
-    if data.stage_to:
-        root = stage(root, Path(data.stage_to))
-    return image_folder_datasets(cfg, root)
+def image_folder(
+    path: str,
+    num_classes: int,
+    image_size: int = 224,
+    channels: int = 3,
+    num_samples: int | None = None,
+    num_val_samples: int | None = None,
+    val_fraction: float = 0.1,
+    split_seed: int = 0,
+    check_images: str = "header",
+    augment: bool = False,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    stage_to: str | None = None,
+) -> tuple[ImageFiles, ImageFiles | None]:
+    """`data=imagefolder`: (train, validation or None) from a folder of class folders,
+    staged to local disk first when `stage_to` is set (tip 1)."""
+    options = SimpleNamespace(**locals())  # the keys, as the data node names them
+    root = Path(path).expanduser()
+    if stage_to:
+        root = stage(root, Path(stage_to))
+    return image_folder_datasets(options, root)
+
+
+def cifar10(
+    path: str,
+    num_classes: int = 10,
+    image_size: int = 32,
+    channels: int = 3,
+    num_samples: int | None = None,
+    num_val_samples: int | None = None,
+    split_seed: int = 0,
+    augment: bool = False,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    download: bool = False,
+    stage_to: str | None = None,
+) -> tuple[TensorImageSet, TensorImageSet | None]:
+    """`data=cifar10`: the five training batches and the test batch (validation), fetched
+    first with `download`, staged to local disk first with `stage_to` (tip 1)."""
+    options = SimpleNamespace(**locals())
+    root = Path(path).expanduser()
+    if download:
+        download_cifar(root)
+    folder = cifar_folder(root)
+    if stage_to:
+        folder = stage(folder, Path(stage_to))
+    return cifar_datasets(options, folder)

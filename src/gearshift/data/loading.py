@@ -1,58 +1,27 @@
-"""Datasets and the loaders that feed them (tips 1, 2, 3, 4, 6, 7).
+"""The loaders that feed any source's datasets (tips 2, 3, 4, 6, 7).
 
-`data=synthetic` draws images around one random pattern per class, so a model can learn
-it. With `data.on_device=true` (the default) the whole set is generated on the training
-device and batches are index slices there (tip 4: no loader, no copies). With
-`data.on_device=false` it is an ordinary map-style dataset on the host, served by a
-DataLoader like real data, so the data-loader gears have something to act on.
-`data=imagefolder` and `data=cifar10` (datasets.py) are served by the same DataLoader.
+Every source yields `(inputs, targets)` samples. On the host they are served by a
+DataLoader with the `dataloader` group's gears; a source made on the device
+(`data.on_device=true`) is served as index slices of its tensors (tip 4: no loader, no
+copies). Either way the order is a function of (seed, epoch), each rank takes its own
+share, and an epoch can start at any batch, so a resumed run continues exactly.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from omegaconf import DictConfig
+from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gearshift.config import ConfigError
-from gearshift.data.images import build_datasets
+from gearshift.data.synthetic import TensorPairs
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-def make_synthetic(
-    cfg: DictConfig, num_samples: int, seed: int, split: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images = their class's smooth random pattern + Gaussian noise; labels uniform.
-
-    The patterns depend on `seed` alone and the samples on `seed` and `split`, so the
-    train (split 0) and validation (split 1) sets share their classes, not their samples.
-    """
-    shape = (cfg.channels, cfg.image_size, cfg.image_size)
-    g = torch.Generator(device=device).manual_seed(seed)
-    coarse = torch.randn(cfg.num_classes, cfg.channels, 4, 4, generator=g, device=device)
-    patterns = F.interpolate(coarse, size=shape[1:], mode="bilinear", align_corners=False)
-    g.manual_seed(seed * 7919 + split + 1)
-    labels = torch.randint(cfg.num_classes, (num_samples,), generator=g, device=device)
-    noise = torch.randn((num_samples, *shape), generator=g, device=device)
-    return patterns[labels] + cfg.noise * noise, labels
-
-
-class TensorImages(Dataset):
-    """A map-style dataset over host tensors: one sample per __getitem__, like real data."""
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor) -> None:
-        self.images, self.labels = images, labels
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> Batch:
-        return self.images[index], self.labels[index]
+Batch = tuple[Any, Any]  # (inputs, targets)
 
 
 def epoch_order(
@@ -86,8 +55,8 @@ class DeviceBatches:
 
     def __init__(
         self,
-        images: torch.Tensor,
-        labels: torch.Tensor,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
         batch_size: int,
         shuffle: bool,
         drop_last: bool,
@@ -95,7 +64,7 @@ class DeviceBatches:
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        self.images, self.labels = images, labels
+        self.inputs, self.targets = inputs, targets
         self.batch_size, self.shuffle, self.drop_last, self.seed = (
             batch_size,
             shuffle,
@@ -110,23 +79,25 @@ class DeviceBatches:
         self.epoch, self.start_batch = epoch, start_batch
 
     def __len__(self) -> int:
-        return batches_per_epoch(len(self.labels), self.world_size, self.batch_size, self.drop_last)
+        return batches_per_epoch(
+            len(self.targets), self.world_size, self.batch_size, self.drop_last
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         order = epoch_order(
-            len(self.labels),
+            len(self.targets),
             self.epoch,
             self.seed,
             self.shuffle,
             self.rank,
             self.world_size,
-            device=self.images.device,
+            device=self.inputs.device,
         )
         for start in range(
             self.start_batch * self.batch_size, len(self) * self.batch_size, self.batch_size
         ):
             index = order[start : start + self.batch_size]
-            yield self.images[index], self.labels[index]
+            yield self.inputs[index], self.targets[index]
 
 
 class EpochSampler(Sampler[int]):
@@ -228,46 +199,75 @@ def build_loader(
     return LoaderBatches(loader)
 
 
-def build_data(
-    cfg: DictConfig, device: torch.device, rank: int = 0, world_size: int = 1
-) -> tuple[object, object | None]:
-    """(train batches, validation batches or None) of this rank: iterables of (images, labels)
-    with `set_epoch(epoch, start_batch)` and `len()` (batches per epoch)."""
-    data = cfg.data
+def build_batches(
+    cfg: DictConfig,
+    train_set: Dataset,
+    val_set: Dataset | None,
+    on_device: bool,
+    device: torch.device,
+    rank: int = 0,
+    world_size: int = 1,
+) -> tuple[Any, Any | None]:
+    """(train batches, validation batches or None) of this rank: iterables of
+    (inputs, targets) with `set_epoch(epoch, start_batch)` and `len()` (batches per epoch)."""
     shard = {"rank": rank, "world_size": world_size}
-    if data.name != "synthetic":
-        return _disk_loaders(cfg, device, shard)
-    home = device if data.on_device else torch.device("cpu")
-    train_set = make_synthetic(data, data.num_samples, cfg.seed, 0, home)
-    val_set = make_synthetic(data, data.num_val_samples, cfg.seed, 1, home)
-    drop_last = cfg.dataloader.drop_last
-    if data.on_device:
-        train = DeviceBatches(*train_set, cfg.batch_size, True, drop_last, cfg.seed, **shard)
-        val = DeviceBatches(*val_set, cfg.batch_size, False, False, cfg.seed, **shard)
+    if on_device:  # the source made its tensors on the device: slice them there
+        drop_last = cfg.dataloader.drop_last
+        train = DeviceBatches(
+            *_tensors(train_set), cfg.batch_size, True, drop_last, cfg.seed, **shard
+        )
+        val = None
+        if val_set is not None:
+            val = DeviceBatches(*_tensors(val_set), cfg.batch_size, False, False, cfg.seed, **shard)
     else:
-        train = build_loader(TensorImages(*train_set), cfg, device, True, cfg.seed, **shard)
-        val = build_loader(TensorImages(*val_set), cfg, device, False, cfg.seed, **shard)
-    return train, (val if data.num_val_samples > 0 else None)
-
-
-def _disk_loaders(
-    cfg: DictConfig, device: torch.device, shard: dict[str, int]
-) -> tuple[LoaderBatches, LoaderBatches | None]:
-    train_set, val_set = build_datasets(cfg)  # staged to local disk first if asked (tip 1)
-    train = build_loader(train_set, cfg, device, True, cfg.seed, **shard)
-    if len(train) == 0:  # drop_last with fewer images than one batch
+        train = build_loader(train_set, cfg, device, True, cfg.seed, **shard)
+        val = None
+        if val_set is not None:
+            val = build_loader(val_set, cfg, device, False, cfg.seed, **shard)
+    if len(train) == 0:  # drop_last with fewer samples than one batch
         raise ConfigError(
             f"batch_size={cfg.batch_size} is not allowed; with dataloader.drop_last=true it "
-            f"must be <= the {len(train_set)} training images"
+            f"must be <= the {len(train_set)} training samples"
         )
-    val = build_loader(val_set, cfg, device, False, cfg.seed, **shard) if val_set else None
     return train, val
+
+
+def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(dataset, TensorPairs):
+        raise ConfigError(
+            f"data.on_device=True is not allowed; the source gave a {type(dataset).__name__}, "
+            "and only tensors made on the device (TensorPairs) are served from there"
+        )
+    return dataset.inputs, dataset.targets
 
 
 def to_device(
     batch: Batch, device: torch.device, non_blocking: bool, memory_format: torch.memory_format
 ) -> Batch:
-    """Tips 7 and 16: one copy to the device, asynchronous when asked, in the model's layout."""
-    images, labels = batch
-    images = images.to(device, non_blocking=non_blocking, memory_format=memory_format)
-    return images, labels.to(device, non_blocking=non_blocking)
+    """Tips 7 and 16: one copy to the device, asynchronous when asked; images (4-D) in the
+    model's layout. Inputs and targets may be tensors or containers of them."""
+
+    def move(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.dim() == 4:
+            return x.to(device, non_blocking=non_blocking, memory_format=memory_format)
+        return x.to(device, non_blocking=non_blocking)
+
+    inputs, targets = batch
+    return _map(move, inputs), _map(move, targets)
+
+
+def _map(fn, x: Any) -> Any:
+    return fn(x) if isinstance(x, torch.Tensor) else tree_map(fn, x)  # the common case first
+
+
+def build_data(
+    cfg: DictConfig, device: torch.device, rank: int = 0, world_size: int = 1
+) -> tuple[Any, Any | None]:
+    """The source's datasets served as this rank's batches, for a fixed `cfg.batch_size`."""
+    from gearshift.data.sources import build_datasets  # sources -> staging, not the reverse
+
+    train_set, val_set = build_datasets(cfg.data, device)
+    on_device = bool(cfg.data.get("on_device"))
+    return build_batches(cfg, train_set, val_set, on_device, device, rank, world_size)

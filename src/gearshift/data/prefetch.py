@@ -24,7 +24,9 @@ from gearshift.data.loading import Batch, to_device
 def prefetch_active(cfg: DictConfig, device: torch.device) -> bool:
     """Whether the prefetcher acts: asked for, on CUDA, with batches that come from the host."""
     return bool(
-        cfg.dataloader.prefetch_to_device and device.type == "cuda" and not cfg.data.on_device
+        cfg.dataloader.prefetch_to_device
+        and device.type == "cuda"
+        and not cfg.data.get("on_device")
     )
 
 

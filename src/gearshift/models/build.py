@@ -6,11 +6,12 @@ activation checkpointing (`model.checkpointing`, see checkpointing.py).
 
 from __future__ import annotations
 
-import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from gearshift.config import ConfigError
+from gearshift.config.instantiate import instantiate
 from gearshift.models.checkpointing import apply_checkpointing
 
 
@@ -20,7 +21,12 @@ def build_model(
     """Instantiate `cfg` (the model group) on `device`, weights in `memory_format`."""
     options = OmegaConf.to_container(cfg, resolve=True)
     checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
-    model = hydra.utils.instantiate(options)
+    model = instantiate("model", options)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(
+            f"model._target_={options['_target_']!r} is not allowed; it built a "
+            f"{type(model).__name__}, expected a torch.nn.Module"
+        )
     if checkpointing:
         model = apply_checkpointing(model)
     return model.to(device=device, memory_format=memory_format)

@@ -50,9 +50,13 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         ("MFU", f"{summary['mfu']:.1%}" if summary.get("mfu") is not None else "n/a"),
         (f"peak memory ({summary['peak_memory_kind']})", f"{mib:,.0f} MiB"),
         ("final loss", _fmt(summary["final_loss"])),
-        ("val loss / accuracy", f"{_fmt(summary['val_loss'])} / {_fmt(summary['val_accuracy'])}"),
         ("steps / samples", f"{summary['steps']} / {summary['samples']:,}"),
         ("device x world size", f"{summary['device']} x {summary['world_size']}"),
+    ]
+    rows += [  # the task's validation metrics
+        (key.removeprefix("val_").replace("_", " ") + " (val)", _fmt(value))
+        for key, value in summary.items()
+        if key.startswith("val_")
     ]
     gears = summary["gears"]
     rows.append(("gears", ", ".join(f"{k}={v}" for k, v in gears.items())))

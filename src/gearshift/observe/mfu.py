@@ -1,7 +1,7 @@
 """Model FLOPs utilisation: how close the run comes to the device's peak arithmetic rate.
 
 FLOPs per sample are counted once, at start-up, with torch's FlopCounterMode over the
-forward and backward pass of a two-sample batch (divided by two). It counts the model's
+forward and backward pass of the task's two-sample example batch (divided by two). It counts the model's
 matmuls and convolutions as dispatched, in the run's dtype and layout; recomputation by
 activation checkpointing is left out (MFU counts the model's FLOPs, not the hardware's).
 
@@ -21,14 +21,14 @@ from functools import cache
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from omegaconf import DictConfig
 from torch import nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
+from gearshift.data.loading import to_device
 from gearshift.engine.precision import Precision
 from gearshift.models.checkpointing import recompute_disabled
+from gearshift.tasks import Task
 
 log = logging.getLogger(__name__)
 
@@ -155,35 +155,38 @@ def peak_flops(device: torch.device, dtype: str, matmul_precision: str) -> tuple
 
 def count_flops_per_sample(
     model: nn.Module,
-    data: DictConfig,
+    task: Task,
     device: torch.device,
     precision: Precision,
     memory_format: torch.memory_format,
 ) -> float:
-    """Forward + backward FLOPs of one training sample, counted on a two-sample batch.
+    """Forward + backward FLOPs of one training sample, counted on the task's example batch
+    of two samples.
 
     The pass runs on detached copies of the parameters and buffers, so the model's
     gradients and BatchNorm statistics are left as they were.
     """
-    n = 2  # BatchNorm needs more than one sample in training mode
-    images = torch.randn(n, data.channels, data.image_size, data.image_size, device=device)
-    images = images.contiguous(memory_format=memory_format)
-    labels = torch.randint(data.num_classes, (n,), device=device)
+    batch = task.example_batch(2, device)  # two: BatchNorm needs more than one in training
+    inputs, targets = to_device(batch, device, False, memory_format)
     state = {
         name: p.detach().requires_grad_(p.requires_grad) for name, p in model.named_parameters()
     }
     state |= {name: b.clone() for name, b in model.named_buffers()}
+
+    def detached_model(*args):
+        return functional_call(model, state, args)
+
     with FlopCounterMode(display=False) as counter, recompute_disabled():
         with precision.autocast():
-            logits = functional_call(model, state, (images,))
-        F.cross_entropy(logits.float(), labels).backward()
-    return counter.get_total_flops() / n
+            loss = task.loss(detached_model, inputs, targets)
+        loss.backward()
+    return counter.get_total_flops() / task.count(inputs, targets)
 
 
-def _measure_flops(model, data, device, precision, memory_format) -> float:
+def _measure_flops(model, task, device, precision, memory_format) -> float:
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the run's random stream stays as it was
-        return count_flops_per_sample(model, data, device, precision, memory_format)
+        return count_flops_per_sample(model, task, device, precision, memory_format)
 
 
 @dataclass
@@ -196,15 +199,16 @@ class MFU:
     def measure(
         cls,
         model: nn.Module,
-        cfg: DictConfig,
+        task: Task,
+        matmul_precision: str,
         device: torch.device,
         precision: Precision,
         memory_format: torch.memory_format,
         strategy: str = "none",
     ) -> MFU:
-        flops = _measure_flops(model, cfg.data, device, precision, memory_format)
+        flops = _measure_flops(model, task, device, precision, memory_format)
         dtype = compute_dtype(precision, device, model)
-        peak, source = peak_flops(device, dtype, cfg.matmul_precision)
+        peak, source = peak_flops(device, dtype, matmul_precision)
         if peak and strategy == "dp" and torch.cuda.device_count() > 1:
             # DataParallel: one process, so "per device" figures cover all its GPUs
             peak *= torch.cuda.device_count()

@@ -1,0 +1,61 @@
+"""Building objects from `_target_` nodes, with bad input reported as one line.
+
+Hydra's own `instantiate` reports a constructor that rejects its arguments as a multi-line
+"Error in call to target" with a traceback; here the arguments are bound to the target's
+signature first, and any failure becomes a `ConfigError` that names the key.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import hydra
+from hydra.errors import InstantiationException
+
+from gearshift.config.checks import ConfigError
+
+
+def locate(key: str, target: Any) -> Any:
+    """The class or function `target` names ("module.Name"), or a ConfigError for `key`."""
+    try:
+        return hydra.utils.get_object(str(target))
+    except Exception:
+        raise ConfigError(
+            f"{key}._target_={target!r} is not allowed; "
+            "expected an importable class or function (module.Name)"
+        ) from None
+
+
+def accepts(fn: Any, name: str) -> bool:
+    """Whether `fn` takes a keyword argument `name` (or any keyword argument)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def instantiate(key: str, node: Mapping[str, Any], **extra: Any) -> Any:
+    """`node["_target_"](**other keys, **extra)`; one-line ConfigError naming `key` when
+    the target is missing, rejects the arguments, or raises while building."""
+    target = node.get("_target_")
+    fn = locate(key, target)
+    kwargs = {k: v for k, v in node.items() if k != "_target_"} | extra
+    try:
+        inspect.signature(fn).bind(**kwargs)
+    except TypeError as error:
+        raise ConfigError(f"{key}._target_={target!r} is not allowed; {error}") from None
+    except ValueError:  # no signature to check against: let the call decide
+        pass
+    try:
+        return hydra.utils.instantiate({"_target_": target}, **kwargs, _convert_="all")
+    except InstantiationException as error:
+        cause = error.__cause__ or error
+        if isinstance(cause, ConfigError):  # already one line, naming its own key
+            raise cause from None
+        first = (str(cause).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"{key}._target_={target!r} could not be built: {type(cause).__name__}: {first}"
+        ) from None

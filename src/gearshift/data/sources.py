@@ -1,0 +1,68 @@
+"""The data seam: any source that builds map-style datasets, chosen by the data node's
+`_target_`.
+
+A source is a callable that takes the data node's other keys as keyword arguments and
+returns `(train dataset, validation dataset or None)` (a lone dataset means no
+validation). The built-in ones (`data=synthetic`, `imagefolder`, `cifar10`,
+`synthetic_regression`) are ordinary sources; yours plugs in with
+`data._target_=mypackage.my_source`. Two keys belong to the trainer, not the source:
+
+- `data.on_device`: the source is given `device=` and makes its tensors there (tip 4);
+  it must take a `device` argument and return `TensorPairs`.
+- `data.stage_to`: copy the dataset to fast local disk first (tip 1). A source that takes
+  `stage_to` stages what it reads itself; for any other, the folder `data.path` is staged
+  and the source gets the staged copy's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import Dataset
+
+from gearshift.config import ConfigError
+from gearshift.config.instantiate import accepts, instantiate, locate
+from gearshift.data.staging import stage
+
+TRAINER_KEYS = ("on_device", "stage_to")
+
+
+def build_datasets(data: DictConfig, device: torch.device) -> tuple[Dataset, Dataset | None]:
+    """(train, validation or None) from the data node, on `device` when `data.on_device`."""
+    node: dict[str, Any] = OmegaConf.to_container(data, resolve=True)
+    on_device, stage_to = (node.pop(key, None) for key in TRAINER_KEYS)
+    source = locate("data", node.get("_target_"))
+    extra: dict[str, Any] = {}
+    if on_device:
+        if not accepts(source, "device"):
+            raise ConfigError(
+                f"data.on_device=True is not allowed; {node['_target_']} takes no device "
+                "argument, so it cannot make its data on the device"
+            )
+        extra["device"] = device
+    if stage_to:
+        extra |= _staging(source, node, stage_to)
+    built = instantiate("data", node, **extra)
+    train, val = built if isinstance(built, tuple) else (built, None)
+    for dataset in (train, val):
+        if dataset is not None and not hasattr(dataset, "__getitem__"):
+            raise ConfigError(
+                f"data._target_={node['_target_']!r} is not allowed; it returned "
+                f"{type(dataset).__name__}, expected map-style datasets (train, val or None)"
+            )
+    return train, (val if val is not None and len(val) else None)
+
+
+def _staging(source: Any, node: Mapping[str, Any], stage_to: str) -> dict[str, Any]:
+    if accepts(source, "stage_to"):
+        return {"stage_to": stage_to}
+    if not node.get("path"):
+        raise ConfigError(
+            f"data.stage_to={stage_to!r} is not allowed; the source takes no stage_to "
+            "and has no data.path folder to stage"
+        )
+    return {"path": str(stage(Path(node["path"]).expanduser(), Path(stage_to)))}
