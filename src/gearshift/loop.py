@@ -33,7 +33,7 @@ from gearshift.checkpoint import (
     training_state,
 )
 from gearshift.console import print_summary, progress_bar
-from gearshift.data import build_data, resolve_num_workers, resolve_pin_memory, to_device
+from gearshift.data import build_data, loader_workers, resolve_pin_memory, to_device
 from gearshift.device_transforms import DeviceTransforms
 from gearshift.distributed import (
     destroy_process_group,
@@ -50,7 +50,7 @@ from gearshift.metrics import Interval, PerfMeter, memory_metrics, peak_memory
 from gearshift.mfu import MFU
 from gearshift.models import build_model, maybe_compile
 from gearshift.optim import build_optimizer, build_schedule
-from gearshift.precision import Precision, resolve_amp_dtype
+from gearshift.precision import Precision, resolve_amp
 from gearshift.preemption import StopRequest
 from gearshift.prefetch import prefetch_active, prefetch_to_device
 from gearshift.runtime import configure_backends, resolve_device, seed_everything
@@ -121,7 +121,10 @@ def _fit(
         torch.cuda.reset_peak_memory_stats(device)
     seed_everything(cfg.seed)
     configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
-    precision = Precision(resolve_amp_dtype(cfg.amp.dtype, device), device)  # 11
+    amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
+    if device.type == "cpu" and strategy in ("ddp", "fsdp"):
+        amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
+    precision = Precision(amp.dtype, device, amp.reason)
     channels_last = cfg.memory_format.channels_last  # 16
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     non_blocking = cfg.dataloader.non_blocking  # 7
@@ -168,6 +171,8 @@ def _fit(
         return RunResult(model=model, optimizer=optimizer, summary=summary, steady=Interval())
 
     gears = resolved_gears(cfg, precision, device, strategy)
+    workers = f"{gears['num_workers']} ({gears['num_workers_reason']})"
+    log.info("on this machine: amp -> %s; loader workers -> %s", amp.reason, workers)
     rank_zero = ranks.is_zero
     logger = build_logger(cfg.logger, run_dir, config, run_name) if rank_zero else NullLogger()
     meter = PerfMeter(device, cfg.warmup_steps)
@@ -371,14 +376,19 @@ def resolved_gears(
     """The switches as they act on this machine (amp=on resolved to its dtype, workers counted)."""
     dl = cfg.dataloader
     on_device = cfg.data.on_device
+    workers, workers_reason = loader_workers(dl.num_workers, device)
+    if on_device:
+        workers, workers_reason = 0, "data.on_device=true: no loader"
     return {
         "amp": str(precision.dtype).removeprefix("torch.") if precision.dtype else "off",
+        "amp_reason": precision.reason,
         "grad_scaler": precision.scaler.is_enabled(),
         "accum": cfg.accum,
         "batch_size": cfg.batch_size,
         "memory_format": "channels_last" if cfg.memory_format.channels_last else "contiguous",
         "data_on_device": on_device,
-        "num_workers": 0 if on_device else resolve_num_workers(dl.num_workers),
+        "num_workers": workers,
+        "num_workers_reason": workers_reason,
         "pin_memory": False if on_device else resolve_pin_memory(dl.pin_memory, device),
         "non_blocking": dl.non_blocking,
         "prefetch_to_device": prefetch_active(cfg, device),
