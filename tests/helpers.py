@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,23 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.config  # noqa: F401  (registers the schema with the ConfigStore)
+from gearshift.engine import precision
+from gearshift.observe import advisor
 from gearshift.tasks import Task, build_task
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+
+# Every time limit in the tests is what a quiet 2-core machine needs, with room to spare,
+# times this factor: a slower or busier machine (a CI runner) sets it to 2 or 3.
+TIME_FACTOR = float(os.environ.get("GEARSHIFT_TEST_TIME_FACTOR", "1"))
+assert TIME_FACTOR > 0, f"GEARSHIFT_TEST_TIME_FACTOR={TIME_FACTOR} must be > 0"
+
+
+def seconds(limit: float) -> float:
+    """A time limit of the tests, scaled by GEARSHIFT_TEST_TIME_FACTOR."""
+    return limit * TIME_FACTOR
+
 
 # Small, fast and quiet; a test adds what it needs.
 TINY = (
@@ -41,14 +55,25 @@ def task_of(cfg: DictConfig) -> Task:
 
 
 def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in `cwd` (where its runs/ folder goes)."""
+    """`python train.py ARGS` in `cwd` (where its runs/ folder goes); timeout: unscaled."""
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=seconds(timeout),
     )
+
+
+def fake_cpu_speed(monkeypatch, speed: float) -> None:
+    """The CPU probe reports bf16 and fp16 at `speed` x float32 (0.01: emulated, as on an
+    AVX2-only CPU; 1.4: native), so a test is about the resolution, not this machine."""
+
+    def measured(dtype: torch.dtype) -> precision.CpuSpeed:
+        return precision.CpuSpeed(dtype, matmul=speed, conv=speed)
+
+    monkeypatch.setattr(precision, "cpu_speed", measured)
+    monkeypatch.setattr(advisor, "cpu_speed", measured)  # imported by name there
 
 
 def only_summary(cwd: Path) -> dict:

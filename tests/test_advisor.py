@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 import torchvision
-from helpers import ROOT, make_cfg
+from helpers import ROOT, fake_cpu_speed, make_cfg, seconds
 from torch import nn
 
 from gearshift.advise import build_on_meta
@@ -69,9 +69,23 @@ def test_experiment_fast_is_clean_here_and_for_a_gpu():
     assert finding_ids("experiment=fast", "model=simple_cnn", "data.num_classes=16") == set()
 
 
-def test_rules_that_cost_only_on_a_gpu_stay_silent_on_the_cpu():
+def test_rules_that_cost_only_on_a_gpu_stay_silent_on_the_cpu(monkeypatch):
+    fake_cpu_speed(monkeypatch, 1.4)  # bf16 native: this test is not about its speed
     ids = finding_ids("model=mlp", "amp=bf16", "data.on_device=false", "cudnn_benchmark=true")
     assert ids == set()
+
+
+def test_amp_bf16_on_a_cpu_where_it_measures_slower_names_the_slowdown_and_the_fix(monkeypatch):
+    fake_cpu_speed(monkeypatch, 0.01)  # bf16 emulated, as on an AVX2-only CPU
+    [finding] = advise(make_cfg("amp=bf16"), build_on_meta(make_cfg()), CPU)
+    assert finding.id == "amp-slower-than-fp32"
+    assert "amp=bf16" in finding.message
+    assert "bf16 measured 100x slower than float32 (matmul 0.01x, conv 0.01x)" in finding.message
+    assert finding.fix == "amp=on (which picks float32 on this CPU) or amp=off"
+    assert finding_ids("amp=on") == finding_ids("amp=off") == set()  # on: float32 here
+    assert "amp-slower-than-fp32" not in finding_ids("amp=bf16", device=CUDA)  # not a CPU
+    fake_cpu_speed(monkeypatch, 1.4)
+    assert finding_ids("amp=bf16") == set()
 
 
 def test_conv_bias_before_batchnorm_found_inside_a_resnet_through_fx():
@@ -166,7 +180,7 @@ def test_advise_command_prints_findings_and_exits_0():
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=seconds(120),
     )
     assert result.returncode == 0, result.stderr
     ids = {line[1:].split("]")[0] for line in result.stdout.splitlines() if line.startswith("[")}
@@ -186,7 +200,7 @@ def test_advise_command_rejects_a_bad_value_in_one_line():
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=seconds(120),
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 
 import pytest
 import torch
-from helpers import ForwardRecorder, StepCounter, make_cfg
+from helpers import ForwardRecorder, StepCounter, fake_cpu_speed, make_cfg
 from torch import nn
 
-from gearshift.data.loading import build_loader
-from gearshift.engine.precision import Precision, resolve_amp_dtype
+from gearshift.data.loading import build_loader, loader_workers
+from gearshift.engine import precision
+from gearshift.engine.precision import Precision, resolve_amp, resolve_amp_dtype
 from gearshift.trainer import fit
+
+CPU = torch.device("cpu")
 
 
 def test_amp_bf16_runs_the_forward_in_bfloat16(tmp_path):
@@ -28,11 +33,92 @@ def test_amp_off_stays_float32(tmp_path):
     assert {out.dtype for _, _, out, _ in seen.training()} == {torch.float32}
 
 
-def test_amp_on_picks_bf16_on_cpu_without_a_scaler():
-    cpu = torch.device("cpu")
-    assert resolve_amp_dtype("auto", cpu) == torch.bfloat16
-    assert not Precision(torch.bfloat16, cpu).scaler.is_enabled()
-    assert Precision(torch.float16, cpu).scaler.is_enabled()
+def test_amp_on_picks_bf16_on_a_cpu_where_it_measures_fast_without_a_scaler(monkeypatch):
+    fake_cpu_speed(monkeypatch, 1.4)  # native bf16, as on this CPU (AVX512_BF16)
+    choice = resolve_amp("auto", CPU)
+    assert choice.dtype == torch.bfloat16
+    assert choice.reason.startswith("bf16: measured 1.4x float32 (matmul 1.4x, conv 1.4x)")
+    assert not Precision(torch.bfloat16, CPU).scaler.is_enabled()
+    assert Precision(torch.float16, CPU).scaler.is_enabled()
+
+
+def test_amp_on_stays_float32_on_a_cpu_that_emulates_bf16_and_fp16(monkeypatch):
+    fake_cpu_speed(monkeypatch, 0.01)  # an AVX2-only CPU: 100x slower than float32
+    choice = resolve_amp("auto", CPU)
+    assert choice.dtype is None and choice.name == "off"
+    assert "bf16 measured 100x slower than float32" in choice.reason
+    assert "fp16 measured 100x slower than float32" in choice.reason
+
+
+def test_amp_on_tolerates_probe_noise_but_not_a_real_slowdown(monkeypatch):
+    fake_cpu_speed(monkeypatch, 0.95)  # within 10% of float32: noise, bf16 stays
+    assert resolve_amp_dtype("auto", CPU) == torch.bfloat16
+    fake_cpu_speed(monkeypatch, 0.8)
+    assert resolve_amp_dtype("auto", CPU) is None
+
+
+def test_amp_on_takes_fp16_where_only_fp16_is_fast(monkeypatch):
+    speeds = {torch.bfloat16: 0.02, torch.float16: 1.3}  # e.g. an ARM CPU without bf16
+    monkeypatch.setattr(
+        precision,
+        "cpu_speed",
+        lambda dtype: precision.CpuSpeed(dtype, speeds[dtype], speeds[dtype]),
+    )
+    choice = resolve_amp("auto", CPU)
+    assert choice.dtype == torch.float16 and choice.reason.startswith("fp16: measured 1.3x")
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_amp_on_on_cuda_is_bf16_where_supported_else_fp16(monkeypatch, bf16):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: bf16)
+    choice = resolve_amp("auto", torch.device("cuda"))  # a decision only: no device touched
+    assert choice.dtype == (torch.bfloat16 if bf16 else torch.float16)
+    assert choice.reason == (
+        "bf16: this GPU supports it" if bf16 else "fp16 with a GradScaler: this GPU has no bf16"
+    )
+
+
+def test_explicit_amp_dtypes_are_forced_whatever_the_probe_says(monkeypatch):
+    fake_cpu_speed(monkeypatch, 0.01)
+    assert resolve_amp("bfloat16", CPU) == precision.AmpChoice(
+        torch.bfloat16, "bf16: forced by amp=bf16"
+    )
+    assert resolve_amp("float16", CPU).dtype == torch.float16
+    assert resolve_amp("none", CPU) == precision.AmpChoice(None, "float32: amp=off")
+
+
+@pytest.mark.parametrize("preset", [("amp=on",), ("experiment=fast", "compile=off")])
+def test_amp_on_trains_in_float32_where_bf16_is_slow_and_says_why(
+    tmp_path, monkeypatch, caplog, preset
+):
+    fake_cpu_speed(monkeypatch, 0.01)
+    cfg = make_cfg("model=simple_cnn", "max_steps=2", *preset)
+    with ForwardRecorder(nn.Conv2d) as seen, caplog.at_level(logging.INFO, logger="gearshift"):
+        gears = fit(cfg, tmp_path).summary["gears"]
+    assert {out.dtype for _, _, out, _ in seen.training()} == {torch.float32}
+    assert gears["amp"] == "off" and gears["grad_scaler"] is False
+    assert "bf16 measured 100x slower than float32" in gears["amp_reason"]
+    assert any(gears["amp_reason"] in r.getMessage() for r in caplog.records)
+
+
+def test_the_cpu_probe_measures_ratios_once_per_process(monkeypatch):
+    timed = []
+    real = precision._fastest_seconds
+
+    def counted(op):
+        timed.append(op)
+        return real(op)
+
+    monkeypatch.setattr(precision, "_fastest_seconds", counted)
+    precision._cpu_seconds.cache_clear()
+    precision.cpu_speed.cache_clear()
+    speed = precision.cpu_speed(torch.bfloat16)
+    assert len(timed) == 4  # a matmul and a conv, in float32 and in bf16
+    for ratio in (speed.matmul, speed.conv):
+        assert math.isfinite(ratio) and ratio > 0
+    assert precision.cpu_speed(torch.bfloat16) is speed and len(timed) == 4  # cached
+    precision.cpu_speed(torch.float16)
+    assert len(timed) == 6  # float32 is timed once for both
 
 
 def test_fp16_grad_scaler_skips_a_step_with_inf_gradients_and_counts_it():
@@ -141,11 +227,31 @@ class PidLabels(torch.utils.data.Dataset):
 
 
 def test_dataloader_tuned_loads_in_worker_processes():
-    cfg = make_cfg("dataloader=tuned")
-    loader = build_loader(PidLabels(), cfg, torch.device("cpu"), train=True, seed=0)
+    cfg = make_cfg("dataloader=tuned", "dataloader.num_workers=2")
+    loader = build_loader(PidLabels(), cfg, CPU, train=True, seed=0)
     pids = {int(pid) for _, labels in loader for pid in labels}
     assert os.getpid() not in pids and len(pids) >= 1
-    assert loader.loader.num_workers == min(4, len(os.sched_getaffinity(0)))
+    assert loader.loader.num_workers == 2
+
+
+@pytest.mark.parametrize(
+    ("cpus", "threads", "ranks", "cpu_workers"),
+    [(2, 2, 1, 0), (8, 6, 1, 2), (64, 32, 1, 4), (16, 4, 2, 4), (16, 8, 2, 0)],
+)
+def test_auto_workers_on_a_cpu_take_only_the_cores_compute_leaves_free(
+    monkeypatch, cpus, threads, ranks, cpu_workers
+):
+    monkeypatch.setattr("gearshift.data.loading.cpu_count", lambda: cpus)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    workers, reason = loader_workers("auto", CPU)
+    assert workers == cpu_workers
+    assert f"{threads * ranks} compute thread(s) on {cpus} CPUs" in reason
+    assert loader_workers("auto", torch.device("cuda")) == (
+        min(4, cpus),
+        f"auto: 4 per device, capped by the {cpus} CPUs",
+    )
+    assert loader_workers(3, CPU) == (3, "dataloader.num_workers=3")
 
 
 def test_dataloader_baseline_loads_in_this_process():
@@ -154,9 +260,12 @@ def test_dataloader_baseline_loads_in_this_process():
 
 
 def test_host_data_trains_through_tuned_loader(tmp_path):
-    cfg = make_cfg("model=mlp", "data.on_device=false", "dataloader=tuned", "max_steps=6")
+    cfg = make_cfg(
+        *("model=mlp", "data.on_device=false", "dataloader=tuned", "dataloader.num_workers=1"),
+        "max_steps=6",
+    )
     result = fit(cfg, tmp_path)
-    assert result.summary["gears"]["num_workers"] >= 1
+    assert result.summary["gears"]["num_workers"] == 1
     assert result.summary["steps"] == 6
 
 

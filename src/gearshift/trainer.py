@@ -32,7 +32,7 @@ from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
 from gearshift.engine.optim import build_optimizer, build_schedule
-from gearshift.engine.precision import Precision, resolve_amp_dtype
+from gearshift.engine.precision import Precision, resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
@@ -121,7 +121,10 @@ class Trainer:
             torch.cuda.reset_peak_memory_stats(device)
         seed_everything(cfg.seed)
         configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
-        self.precision = Precision(resolve_amp_dtype(cfg.amp.dtype, device), device)  # 11
+        amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
+        if device.type == "cpu" and strategy in ("ddp", "fsdp"):
+            amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
+        self.precision = Precision(amp.dtype, device, amp.reason)
         channels_last = cfg.memory_format.channels_last  # 16
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         self.non_blocking = cfg.dataloader.non_blocking  # 7
@@ -192,6 +195,9 @@ class Trainer:
             self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
+        gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
+        workers = f"{gears['num_workers']} ({gears['num_workers_reason']})"
+        log.info("on this machine: amp -> %s; loader workers -> %s", gears["amp_reason"], workers)
         log.info(
             "%s on %s, %.2fM parameters, %d steps",
             type(self.model).__name__,

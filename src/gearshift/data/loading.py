@@ -157,9 +157,26 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def resolve_num_workers(choice: int | str) -> int:
-    """Tip 2: "auto" is 4 workers per device; this process drives one, so 4, capped by CPUs."""
-    return min(4, cpu_count()) if choice == "auto" else int(choice)
+def loader_workers(choice: int | str, device: torch.device) -> tuple[int, str]:
+    """dataloader.num_workers -> (workers, why). Tip 2: "auto" is 4 per device (this process
+    drives one), capped by the CPUs. Training on the CPU, the compute threads already keep
+    the cores busy, and a worker on a busy core slows every step: only free cores get one."""
+    if choice != "auto":
+        return int(choice), f"dataloader.num_workers={choice}"
+    cpus = cpu_count()
+    if device.type != "cpu":
+        return min(4, cpus), f"auto: 4 per device, capped by the {cpus} CPUs"
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # ranks sharing these CPUs
+    threads = torch.get_num_threads() * ranks_here
+    free = max(0, cpus - threads)
+    return min(4, free), (
+        f"auto: training on the CPU, {threads} compute thread(s) on {cpus} CPUs leave "
+        f"{free} free for workers (at most 4)"
+    )
+
+
+def resolve_num_workers(choice: int | str, device: torch.device) -> int:
+    return loader_workers(choice, device)[0]
 
 
 def resolve_pin_memory(choice: bool | str, device: torch.device) -> bool:
@@ -178,7 +195,7 @@ def build_loader(
 ) -> LoaderBatches:
     """A DataLoader with the `dataloader` group's gears applied."""
     dl = cfg.dataloader
-    workers = resolve_num_workers(dl.num_workers)
+    workers = resolve_num_workers(dl.num_workers, device)
     worker_options = {}
     if workers > 0:  # these two are errors for a loader without workers
         worker_options = {

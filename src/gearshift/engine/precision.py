@@ -1,28 +1,163 @@
-"""Mixed precision (tip 11): autocast for the forward pass, a GradScaler only for float16."""
+"""Mixed precision (tip 11): autocast for the forward pass, a GradScaler only for float16.
+
+`amp=on` resolves against the machine it runs on. On CUDA it is bf16 where the GPU supports
+it, else fp16. On a CPU, where bf16 and fp16 kernels are native on some chips and emulated
+(many times slower than float32) on others, it is the first of bf16 and fp16 that a short
+probe measures about as fast as float32, else float32 itself. Every choice comes with the
+reason, for the log and summary.json.
+"""
 
 from __future__ import annotations
 
+import time
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from functools import cache
 
 import torch
+import torch.nn.functional as F
 
 # When GradScaler skips a step (inf/nan gradients, as it does while it finds its scale), the
 # schedule still steps; that is intended, and torch's warning about the order is noise here.
 warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+SWITCHES = {"none": "amp=off", "auto": "amp=on", "bfloat16": "amp=bf16", "float16": "amp=fp16"}
+CPU_CANDIDATES = (torch.bfloat16, torch.float16)  # bf16 first: it needs no GradScaler
+# A dtype measured up to this factor slower than float32 counts as just as fast: probe noise.
+NOISE = 1.1
+_REPS = 10
+_REP_BUDGET_S = 0.03  # an op past this is timed fewer times: a slowdown that large is no noise
+
+
+def short_name(dtype: torch.dtype | None) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "float32"}.get(
+        dtype, str(dtype).removeprefix("torch.")
+    )
+
+
+@dataclass(frozen=True)
+class CpuSpeed:
+    """A dtype's speed on this CPU as a multiple of float32's, for a matmul and a convolution."""
+
+    dtype: torch.dtype
+    matmul: float
+    conv: float
+
+    @property
+    def slowest(self) -> float:
+        return min(self.matmul, self.conv)
+
+    @property
+    def as_fast_as_float32(self) -> bool:
+        return self.slowest * NOISE >= 1
+
+    def describe(self) -> str:
+        """e.g. "measured 1.44x float32 (matmul 2.05x, conv 1.44x)"."""
+        if self.slowest >= 1:
+            overall = f"{self.slowest:.3g}x float32"
+        else:
+            overall = f"{1 / self.slowest:.3g}x slower than float32"
+        return f"measured {overall} (matmul {self.matmul:.3g}x, conv {self.conv:.3g}x)"
+
+
+def _fastest_seconds(op: Callable[[], object]) -> float:
+    """The fastest of a few timed reps after a warm-up. Not the median: on a shared machine a
+    rep that loses its core for a time slice (4-16 ms, 100x a fast op) is common, and
+    interference only ever slows a rep down, so the fastest is the op on its own."""
+    op()  # warm-up: oneDNN builds its kernels on the first call
+    times: list[float] = []
+    while len(times) < _REPS and sum(times) < _REP_BUDGET_S:
+        start = time.perf_counter()
+        op()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+@cache
+def _cpu_seconds(dtype: torch.dtype) -> tuple[float, float]:
+    """Seconds of a 256x256 matmul and a 3x3 convolution (8x32x16x16) in `dtype`."""
+    generator = torch.Generator().manual_seed(0)  # leaves the run's random stream alone
+    a, b, images, weight = (
+        torch.randn(shape, generator=generator).to(dtype)
+        for shape in ((256, 256), (256, 256), (8, 32, 16, 16), (32, 32, 3, 3))
+    )
+    with torch.inference_mode():
+        matmul = _fastest_seconds(lambda: a @ b)
+        conv = _fastest_seconds(lambda: F.conv2d(images, weight, padding=1))
+    return matmul, conv
+
+
+@cache
+def cpu_speed(dtype: torch.dtype) -> CpuSpeed:
+    """How fast `dtype` runs here against float32; measured once per process (~10 ms, ~0.2 s
+    where its kernels are emulated)."""
+    base_matmul, base_conv = _cpu_seconds(torch.float32)
+    matmul, conv = _cpu_seconds(dtype)
+    return CpuSpeed(dtype, base_matmul / matmul, base_conv / conv)
+
+
+def cpu_kernels(dtype: torch.dtype) -> str:
+    """What the CPU offers for `dtype`, e.g. "AVX512, native bf16 kernels"."""
+    check = {
+        torch.bfloat16: "_is_mkldnn_bf16_supported",
+        torch.float16: "_is_mkldnn_fp16_supported",
+    }[dtype]
+    try:
+        native = getattr(torch.ops.mkldnn, check)()
+    except (AttributeError, RuntimeError):  # a private check: gone in some builds
+        return torch.backends.cpu.get_cpu_capability()
+    kind = "native" if native else "emulated"
+    return f"{torch.backends.cpu.get_cpu_capability()}, {kind} {short_name(dtype)} kernels"
+
+
+@dataclass(frozen=True)
+class AmpChoice:
+    dtype: torch.dtype | None  # None: float32, no autocast
+    reason: str  # why, in words, for the log and summary.json
+
+    @property
+    def name(self) -> str:
+        return str(self.dtype).removeprefix("torch.") if self.dtype else "off"
+
+
+def _choose_on_cpu() -> AmpChoice:
+    rejected = []
+    for dtype in CPU_CANDIDATES:
+        speed = cpu_speed(dtype)
+        measured = f"{speed.describe()} on this CPU ({cpu_kernels(dtype)})"
+        if speed.as_fast_as_float32:
+            return AmpChoice(dtype, f"{short_name(dtype)}: {measured}")
+        rejected.append(f"{short_name(dtype)} {measured}")
+    return AmpChoice(None, "float32: " + "; ".join(rejected))
+
+
+def _choose_on_accelerator(device: torch.device) -> AmpChoice:
+    if device.type != "cuda":
+        return AmpChoice(torch.bfloat16, f"bf16: autocast's usual dtype on {device.type}")
+    if torch.cuda.is_bf16_supported():
+        return AmpChoice(torch.bfloat16, "bf16: this GPU supports it")
+    return AmpChoice(torch.float16, "fp16 with a GradScaler: this GPU has no bf16")
+
+
+def resolve_amp(choice: str, device: torch.device) -> AmpChoice:
+    """amp.dtype -> the autocast dtype and why. "auto" (amp=on) resolves against the device:
+    never a dtype a CPU measures slower than float32; bf16/fp16 are forced as asked."""
+    if choice == "none":
+        return AmpChoice(None, "float32: amp=off")
+    if choice != "auto":
+        dtype = DTYPES[choice]
+        return AmpChoice(dtype, f"{short_name(dtype)}: forced by {SWITCHES[choice]}")
+    if device.type == "cpu":
+        return _choose_on_cpu()
+    return _choose_on_accelerator(device)
 
 
 def resolve_amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:
-    """amp.dtype -> the autocast dtype; "auto" is bf16 where the device supports it, else fp16."""
-    if choice == "none":
-        return None
-    if choice == "auto":
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            return torch.float16
-        return torch.bfloat16
-    return DTYPES[choice]
+    """amp.dtype -> the autocast dtype (see resolve_amp)."""
+    return resolve_amp(choice, device).dtype
 
 
 class Precision:
@@ -32,8 +167,9 @@ class Precision:
     Skipped steps (inf/nan gradients) are counted on the device, so counting costs no sync.
     """
 
-    def __init__(self, dtype: torch.dtype | None, device: torch.device) -> None:
+    def __init__(self, dtype: torch.dtype | None, device: torch.device, reason: str = "") -> None:
         self.dtype = dtype
+        self.reason = reason  # why this dtype (resolve_amp), for the log and summary.json
         self.device_type = device.type
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
         self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)

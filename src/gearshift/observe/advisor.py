@@ -24,7 +24,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import fx, nn
 
 from gearshift.data.loading import resolve_num_workers, resolve_pin_memory
-from gearshift.engine.precision import resolve_amp_dtype
+from gearshift.engine.precision import (
+    cpu_kernels,
+    cpu_speed,
+    resolve_amp,
+    resolve_amp_dtype,
+    short_name,
+)
 from gearshift.models.checkpointing import recompute_disabled
 
 log = logging.getLogger(__name__)
@@ -132,6 +138,22 @@ def layer_widths_multiple_of_8(s: Subject) -> Finding | None:
     )
 
 
+def amp_slower_than_fp32(s: Subject) -> Finding | None:
+    if s.device.type != "cpu" or s.amp_dtype is None:
+        return None
+    speed = cpu_speed(s.amp_dtype)  # amp=on never picks such a dtype: only amp=bf16/fp16 do
+    if speed.as_fast_as_float32:
+        return None
+    name = short_name(s.amp_dtype)
+    on_cpu = short_name(resolve_amp("auto", s.device).dtype)
+    return Finding(
+        "amp-slower-than-fp32",
+        f"amp={name}, and on this CPU ({cpu_kernels(s.amp_dtype)}) {name} {speed.describe()}: "
+        "mixed precision makes every step slower here, not faster",
+        f"amp=on (which picks {on_cpu} on this CPU) or amp=off",
+    )
+
+
 def _conv_bn_pairs_fx(model: nn.Module) -> list[tuple[str, str]]:
     with recompute_disabled():  # trace checkpointed blocks as plain ones
         graph = fx.symbolic_trace(model).graph
@@ -206,7 +228,7 @@ def data_parallel(s: Subject) -> Finding | None:
 def loader_workers(s: Subject) -> Finding | None:
     if not (s.cuda and s.host_data):
         return None
-    if resolve_num_workers(s.cfg.dataloader.num_workers) > 0:
+    if resolve_num_workers(s.cfg.dataloader.num_workers, s.device) > 0:
         return None
     return Finding(
         "loader-no-workers",
@@ -271,6 +293,7 @@ def compile_short_last_batch(s: Subject) -> Finding | None:
 RULES: list[Callable[[Subject], Finding | None]] = [
     batch_size_multiple_of_8,
     layer_widths_multiple_of_8,
+    amp_slower_than_fp32,
     conv_bias_before_batchnorm,
     data_parallel,
     loader_workers,

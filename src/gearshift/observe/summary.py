@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig
 
 from gearshift.data.device_transforms import DeviceTransforms
-from gearshift.data.loading import resolve_num_workers, resolve_pin_memory
+from gearshift.data.loading import loader_workers, resolve_pin_memory
 from gearshift.data.prefetch import prefetch_active
 from gearshift.engine.precision import Precision
 from gearshift.observe.metrics import PerfMeter, peak_memory
@@ -70,14 +70,19 @@ def resolved_gears(
     """The switches as they act on this machine (amp=on resolved to its dtype, workers counted)."""
     dl = cfg.dataloader
     on_device = bool(cfg.data.get("on_device"))
+    workers, workers_reason = loader_workers(dl.num_workers, device)
+    if on_device:
+        workers, workers_reason = 0, "data.on_device=true: no loader"
     return {
         "amp": str(precision.dtype).removeprefix("torch.") if precision.dtype else "off",
+        "amp_reason": precision.reason,
         "grad_scaler": precision.scaler.is_enabled(),
         "accum": cfg.accum,
         "batch_size": cfg.batch_size,
         "memory_format": "channels_last" if cfg.memory_format.channels_last else "contiguous",
         "data_on_device": on_device,
-        "num_workers": 0 if on_device else resolve_num_workers(dl.num_workers),
+        "num_workers": workers,
+        "num_workers_reason": workers_reason,
         "pin_memory": False if on_device else resolve_pin_memory(dl.pin_memory, device),
         "non_blocking": dl.non_blocking,
         "prefetch_to_device": prefetch_active(cfg, device),
