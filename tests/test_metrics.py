@@ -1,4 +1,4 @@
-"""summary.json carries DESIGN.md's keys with sensible values, measured without host syncs."""
+"""summary.json has every key the README lists, sensible values, measured without host syncs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mixed precision (tip 11): autocast for the forward pass, a GradScaler only for float16."""
+"""Mixed precision (docs/gears.md tip 11): autocast for the forward, a GradScaler for fp16 only."""
 
 from __future__ import annotations
 
