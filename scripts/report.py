@@ -39,7 +39,7 @@ NOT_GEARS = (
     "sweep",
     "hparams_search",
 )
-# gears under those prefixes (data.on_device: batches made on the device, tip 4)
+# gears under those prefixes (data.on_device: batches made on the device, tip 4 of docs/gears.md)
 GEARS_ANYWAY = ("model.checkpointing", "batch_size=auto", "data.on_device")
 
 

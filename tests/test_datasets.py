@@ -304,7 +304,7 @@ def test_cifar10_missing_or_damaged_files_are_named(tmp_path):
         build_data(cifar_cfg(tmp_path / "elsewhere"), CPU)
 
 
-# ---------------------------------------------------------------- staging (tip 1)
+# -------------------------------------------------------------- staging (tip 1, docs/gears.md)
 
 
 def test_fit_reads_the_staged_copy(tmp_path):

@@ -1,4 +1,4 @@
-"""`batch_size=auto`: the largest multiple of 8 that fits (tip 10: fill the memory).
+"""`batch_size=auto`: the largest multiple of 8 that fits (docs/gears.md tip 10: fill the memory).
 
 CUDA: real training steps (forward, backward, optimizer step) on a probe copy of the
 model at growing batch sizes, doubling from 8 until one runs out of memory (or its peak

@@ -1,6 +1,6 @@
 """Sources read from disk: `data=imagefolder` (your images) and `data=cifar10`.
 
-Both hand images over as tensors built with `torch.from_numpy` (tip 6: no copy, no
+Both hand images over as tensors built with `torch.from_numpy` (docs/gears.md tip 6: no copy, no
 per-pixel Python), then run the same torchvision transforms v2 pipeline: resize to
 `data.image_size`, optional light augmentation, float32 in [0, 1], optional normalisation.
 

@@ -1,4 +1,4 @@
-"""The loaders that feed any source's datasets (tips 2, 3, 4, 6, 7).
+"""The loaders that feed any source's datasets (tips 2, 3, 4, 6, 7 of docs/gears.md).
 
 Every source yields `(inputs, targets)` samples. On the host they are served by a
 DataLoader with the `dataloader` group's gears; a source made on the device

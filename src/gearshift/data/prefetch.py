@@ -1,4 +1,4 @@
-"""`dataloader.prefetch_to_device`: copy the next batch while the current one computes (tip 7).
+"""`dataloader.prefetch_to_device`: copy batch N+1 while batch N computes (docs/gears.md tip 7).
 
 On CUDA with host data, `CudaPrefetcher` issues each batch's host-to-device copy on a side
 stream as soon as the loop has taken the previous batch, so the copy overlaps the compute

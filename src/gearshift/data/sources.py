@@ -7,7 +7,7 @@ validation). The built-in ones (`data=synthetic`, `imagefolder`, `cifar10`,
 `synthetic_regression`) are ordinary sources; yours plugs in with
 `data._target_=mypackage.my_source`. Two keys belong to the trainer, not the source:
 
-- `data.on_device`: the source is given `device=` and makes its tensors there (tip 4);
+- `data.on_device`: the source gets `device=` and makes its tensors there (docs/gears.md tip 4);
   it must take a `device` argument and return `TensorPairs`.
 - `data.stage_to`: copy the dataset to fast local disk first (tip 1). A source that takes
   `stage_to` stages what it reads itself; for any other, the folder `data.path` is staged

@@ -1,4 +1,4 @@
-"""Tip 1: copy a dataset folder to fast local disk once per node, before training.
+"""Tip 1 of docs/gears.md: copy a dataset folder to fast local disk once per node, before training.
 
 Every process of a node may call `stage` at the same moment. One of them takes an
 exclusive lock on `<stage_to>/<name>.lock` and copies into a temporary folder, then

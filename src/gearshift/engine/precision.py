@@ -1,4 +1,4 @@
-"""Mixed precision (tip 11): autocast for the forward pass, a GradScaler only for float16.
+"""Mixed precision (docs/gears.md tip 11): autocast for the forward pass, a GradScaler only for float16.
 
 `amp=on` resolves against the machine it runs on. On CUDA it is bf16 where the GPU supports
 it, else fp16. On a CPU, where bf16 and fp16 kernels are native on some chips and emulated

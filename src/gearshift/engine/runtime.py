@@ -1,4 +1,4 @@
-"""Process-wide set-up: the device, seeds and the backend switches (tips 15 and TF32)."""
+"""Process-wide set-up: the device, seeds, backend switches (docs/gears.md: tip 15, TF32)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Building the model from its config node, and the model gears.
 
-Where the model gears act: the memory format (tip 16), torch.compile (tip 8) and
+Where the model gears act (docs/gears.md): memory format (tip 16), torch.compile (tip 8) and
 activation checkpointing (`model.checkpointing`, see checkpointing.py).
 """
 

@@ -1,4 +1,4 @@
-"""Two small models of our own: an MLP and a CNN (tip 17: no conv bias before BatchNorm)."""
+"""Two small models of our own: an MLP and a CNN (docs/gears.md tip 17: no conv bias before BN)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Distributed gears (tip 18): DDP done right, DataParallel and FSDP to compare.
+"""Distributed gears (docs/gears.md tip 18): DDP done right, DataParallel and FSDP to compare.
 
 Where the ranks come from: torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR/PORT), else SLURM's (one task per device), else `distributed.nproc_per_node`
