@@ -69,7 +69,7 @@ def synthetic_images(
 def synthetic_regression(
     num_samples: int = 4096,
     num_val_samples: int = 512,
-    image_size: int = 16,
+    image_size: int = 8,
     channels: int = 3,
     num_outputs: int = 4,
     noise: float = 0.1,

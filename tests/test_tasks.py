@@ -1,0 +1,105 @@
+"""The Task and Trainer seams: a second task trains through the same loop, a Trainer
+subclass overrides a step, and a target that is not a Task is one clear line."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import make_cfg, task_of
+
+from gearshift.config import ConfigError
+from gearshift.data.loading import build_data
+from gearshift.tasks import Regression
+from gearshift.trainer import Trainer, fit
+
+CPU = torch.device("cpu")
+
+
+def regression_cfg(*overrides: str):
+    # 48 inputs and 1024 samples: enough data per input for a linear target to generalise
+    return make_cfg(
+        "experiment=regression", "data.image_size=4", "data.num_samples=1024", *overrides
+    )
+
+
+def test_regression_learns_its_targets_through_the_unchanged_loop(tmp_path):
+    cfg = regression_cfg("max_steps=60", "optimizer=adamw", "optimizer.lr=0.003")
+    task = task_of(cfg)
+    assert isinstance(task, Regression) and task.monitor == "val_loss" and task.mode == "min"
+    _, val = build_data(cfg, CPU)
+    targets = torch.cat([y for _, y in val])
+    baseline = targets.var(dim=0, unbiased=False).mean().item()  # MSE of predicting the mean
+
+    summary = fit(cfg, tmp_path).summary
+    assert summary["val_loss"] < 0.2 * baseline, (summary["val_loss"], baseline)
+    assert summary["val_mae"] > 0 and "val_accuracy" not in summary
+    assert summary["flops_per_sample"] > 0  # counted on the task's example batch
+    assert summary["samples"] == 60 * cfg.batch_size
+
+
+def test_regression_without_validation_data_reports_nulls(tmp_path):
+    summary = fit(regression_cfg("max_steps=2", "data.num_val_samples=0"), tmp_path).summary
+    assert summary["val_loss"] is None and summary["val_mae"] is None
+
+
+class CountingTrainer(Trainer):
+    """A subclass that overrides two seams: it counts micro-batches and keeps what is logged."""
+
+    def train_step(self, batch) -> bool:
+        self.micro_batches = getattr(self, "micro_batches", 0) + 1
+        return super().train_step(batch)
+
+    def log(self, metrics: dict[str, float]) -> None:
+        self.logged = [*getattr(self, "logged", []), (self.position.step, metrics)]
+        super().log(metrics)
+
+
+def test_a_trainer_subclass_is_chosen_by_config_and_its_seams_run(tmp_path, monkeypatch):
+    seen: list[CountingTrainer] = []
+    monkeypatch.setattr(CountingTrainer, "__init__", _recording_init(seen))
+    cfg = make_cfg(
+        "model=mlp", "max_steps=4", "accum=2", "log_every_n_steps=2", "warmup_steps=0",
+        f"trainer={__name__}.CountingTrainer",
+    )  # fmt: skip
+    summary = fit(cfg, tmp_path).summary
+    (trainer,) = seen
+    assert trainer.micro_batches == 4 * 2 == summary["steps"] * 2
+    train_logs = [step for step, metrics in trainer.logged if "train/loss" in metrics]
+    assert train_logs == [2, 4]
+    assert any("val/accuracy" in metrics for _, metrics in trainer.logged)
+
+
+def _recording_init(seen: list):
+    original = Trainer.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.append(self)
+
+    return init
+
+
+class NotATask:
+    def __init__(self, num_classes: int, input_shape: list[int]) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            (f"task._target_={__name__}.NotATask",),
+            f"task._target_='{__name__}.NotATask' is not allowed; it built a NotATask, "
+            "expected a subclass of gearshift.tasks.Task",
+        ),
+        (
+            ("task._target_=gearshift.tasks.Regression",),
+            "task._target_='gearshift.tasks.Regression' is not allowed; "
+            "missing a required argument: 'num_outputs'",
+        ),
+    ],
+)
+def test_a_task_that_cannot_be_built_is_one_line(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        task_of(make_cfg(*overrides))
+    assert str(error.value) == message
