@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,12 @@ import gearshift.config  # noqa: F401  (registers the schema with the ConfigStor
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+
+
+def seconds(s: float) -> float:
+    """A test's time limit, scaled by GEARSHIFT_TEST_TIME_FACTOR (slower machines: > 1)."""
+    return s * float(os.environ.get("GEARSHIFT_TEST_TIME_FACTOR", 1))
+
 
 # Small, fast and quiet; a test adds what it needs.
 TINY = (
