@@ -155,7 +155,8 @@ def _fit(
         position = restore_training_state(
             state, resume_from, model, optimizer, precision.scaler, schedule, sharded
         )
-        if changed := changed_settings(state["config"], config):  # a requeue changes nothing
+        changed = changed_settings(state["config"], config)  # a requeue changes nothing
+        if changed and ranks.is_zero:  # rank 0 speaks for the job
             log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
     finished = run_dir / "summary.json"
     if position.step >= total_steps and finished.is_file():  # a rerun of a finished run
