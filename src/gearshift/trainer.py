@@ -352,7 +352,8 @@ class Trainer:
             self.schedule,
             self.sharded,
         )
-        if changed := changed_settings(state["config"], self.config):  # a requeue changes none
+        changed = changed_settings(state["config"], self.config)  # a requeue changes none
+        if changed and self.ranks.is_zero:  # rank 0 speaks for the job
             log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
         return position
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
+import uuid
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -105,7 +107,38 @@ def attempt_store(ranks: Ranks, timeout: timedelta) -> dist.Store | None:
         is_master=False,
         timeout=timeout,
     )
-    return dist.PrefixStore(f"gearshift/attempt_{os.environ['TORCHELASTIC_RESTART_COUNT']}", store)
+    return dist.PrefixStore(f"gearshift/attempt_{agree_on_attempt(store, ranks, timeout)}", store)
+
+
+def agree_on_attempt(store: dist.Store, ranks: Ranks, timeout: timedelta) -> str:
+    """A name for this attempt that every rank gets and no earlier attempt used.
+
+    TORCHELASTIC_RESTART_COUNT is no such name: each node's agent counts its own restarts,
+    and one that restarts because a rank on another node failed does not count it. Rank 0
+    names the attempt; every other rank posts a fresh nonce under the name it read and waits
+    for rank 0 to echo it. A name left by an earlier attempt is never echoed (its ranks are
+    gone: agents stop them before they meet again), so the rank reads the name again.
+    """
+    if ranks.is_zero:
+        name = uuid.uuid4().hex
+        store.set("gearshift/attempt", name)
+        for rank in range(1, ranks.world_size):
+            store.set(f"gearshift/{name}/echo_{rank}", store.get(f"gearshift/{name}/nonce_{rank}"))
+        return name
+    nonce = uuid.uuid4().hex.encode()
+    deadline = time.monotonic() + timeout.total_seconds()
+    while time.monotonic() < deadline:
+        name = store.get("gearshift/attempt").decode()
+        store.set(f"gearshift/{name}/nonce_{ranks.rank}", nonce)
+        echo = f"gearshift/{name}/echo_{ranks.rank}"
+        try:
+            store.wait([echo], timedelta(seconds=1))
+        except dist.DistStoreError:  # rank 0 has not got to this rank yet, or is gone
+            continue
+        if store.get(echo) == nonce:
+            return name
+        time.sleep(0.1)  # an earlier attempt's echo: wait for this attempt's rank 0
+    raise TimeoutError(f"rank {ranks.rank}: rank 0 did not start within {timeout}")
 
 
 def rank_zero_value(value: Any) -> Any:

@@ -192,11 +192,18 @@ def training_state(
     }
 
 
+# Where a node keeps its copy of the data: it may differ between nodes and restarts, and
+# changes nothing about the training.
+NODE_LOCAL_SETTINGS = {"data.stage_to"}
+
+
 def changed_settings(saved: dict, now: dict, prefix: str = "") -> list[str]:
     """`key=old (now new)` for each setting of `now` that differs from the checkpoint's."""
     changes = []
     for key in sorted(saved.keys() | now.keys()):
         old, new = saved.get(key), now.get(key)
+        if f"{prefix}{key}" in NODE_LOCAL_SETTINGS:
+            continue
         if isinstance(old, dict) and isinstance(new, dict):
             changes += changed_settings(old, new, f"{prefix}{key}.")
         elif old != new:
