@@ -97,7 +97,8 @@ class DeviceBatches:
             self.start_batch * self.batch_size, len(self) * self.batch_size, self.batch_size
         ):
             index = order[start : start + self.batch_size]
-            yield self.inputs[index], self.targets[index]
+            # index_select: on a CPU ~10x faster than advanced indexing (x[index]) for a batch
+            yield self.inputs.index_select(0, index), self.targets.index_select(0, index)
 
 
 class EpochSampler(Sampler[int]):

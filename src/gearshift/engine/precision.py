@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cache
 
@@ -175,7 +175,9 @@ class Precision:
         self.skipped_steps = torch.zeros((), dtype=torch.int64, device=device)
 
     def autocast(self) -> AbstractContextManager:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.dtype is not None)
+        if self.dtype is None:  # building a disabled torch.autocast costs microseconds a step
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
