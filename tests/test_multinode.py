@@ -196,7 +196,6 @@ def test_two_nodes_train_one_job_in_one_run_folder(whole_run, images):
     assert_staged_once_per_node(nodes, images)
 
 
-@pytest.mark.slow  # about 75 s on 2 busy cores, with the uninterrupted run it compares with
 def test_a_rank_killed_on_one_node_restarts_both_which_resume_from_the_checkpoint(
     tmp_path, whole_run, images
 ):
