@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -90,12 +91,13 @@ def _remove_empty_run_dir(run_dir: Path) -> None:
             break
 
 
-def _describe(error: Exception, override: str | None) -> str:
+def _describe(error: Exception, override: str | None, overrides: Sequence[str] = ()) -> str:
     """One line out of Hydra's and OmegaConf's multi-line messages."""
     if isinstance(error, MissingConfigException) and override and "=" in override:
         group, value = override.split("=", 1)
         group = group.lstrip("+~")
-        options = GlobalHydra.instance().config_loader().get_group_options(group)
+        search = [o for o in overrides if _searchpath(o)]  # your folders' options too
+        options = GlobalHydra.instance().config_loader().get_group_options(group, overrides=search)
         if options:
             return f"{group}={value!r} is not allowed; choose one of: {', '.join(options)}"
     cause = error.__cause__ or error
@@ -108,7 +110,8 @@ def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | Non
     """The override lists to compose: the fixed ones, then one per swept value."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
-    fixed = [line for line in fixed if not line.lstrip("+~").startswith("hydra")]
+    # Hydra's own keys are left to Hydra, but for the search path: it decides what composes
+    fixed = [o for o in fixed if _searchpath(o) or not o.lstrip("+~").startswith("hydra")]
     variants: list[tuple[list[str], str | None]] = [(fixed, None)]
     for o in parsed:
         if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
@@ -120,6 +123,10 @@ def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | Non
                 line = f"{o.get_key_element()}={value}"
                 variants.append(([*fixed, line], line))
     return variants
+
+
+def _searchpath(override: str) -> bool:
+    return override.lstrip("+~").startswith("hydra.searchpath")
 
 
 def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | None = None) -> None:
@@ -151,7 +158,7 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
             except ConfigError as error:
                 _exit(str(error))
             except (HydraException, OmegaConfBaseException) as error:
-                _exit(_describe(error, swept or _culprit(error, variant)))
+                _exit(_describe(error, swept or _culprit(error, variant), variant))
         multirun = any(a in ("-m", "--multirun") for a in argv)
         if problem := _output_folder_problem(config_name, overrides, multirun):
             _exit(problem)
@@ -193,6 +200,7 @@ def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
 def _culprit(error: Exception, overrides: list[str]) -> str | None:
     """The override a Hydra error is about, when its message names one."""
     text = str(error)
+    overrides = [o for o in overrides if not _searchpath(o)]  # Hydra names it in every message
     matches = [o for o in overrides if o in text or o.split("=", 1)[0].lstrip("+~") in text]
     return matches[0] if matches else None
 

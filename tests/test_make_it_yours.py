@@ -1,0 +1,239 @@
+"""The README's "Make it yours" example as it stands: its package and config are written into
+a folder of their own and trained from the command line, with gears, under DDP, with
+batch_size=auto, and stopped by SIGTERM and resumed; bad targets and run folders that cannot
+be made end with one line."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ROOT, only_summary
+
+from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+
+try:
+    from helpers import seconds
+except ImportError:  # until helpers has it
+
+    def seconds(s: float) -> float:
+        return s * float(os.environ.get("GEARSHIFT_TEST_TIME_FACTOR", 1))
+
+
+def readme_example() -> tuple[dict[str, str], list[str]]:
+    """The section's files ({path: text}: the blocks with a `# <path>` line) and the
+    arguments of its `train.py` command."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Make it yours\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```$", section, re.S | re.M)
+    files = {}
+    for language, text in blocks:
+        name = re.search(r"^# ([\w/]+\.(?:py|yaml))$", text, re.M)
+        if language in ("python", "yaml") and name:
+            files[name[1]] = text
+    command = next(
+        line for language, text in blocks if language == "bash" for line in text.splitlines()
+        if "train.py" in line
+    )  # fmt: skip
+    words = shlex.split(command)
+    script = next(i for i, word in enumerate(words) if word.endswith("train.py"))
+    return files, words[script + 1 :]
+
+
+FILES, COMMAND = readme_example()
+# Small and quiet; the README's own sizes are for real training.
+TINY = (
+    "logger=none",
+    "progress_bar=false",
+    "data.num_samples=256",
+    "data.num_val_samples=64",
+    "batch_size=32",
+)
+
+
+def test_the_readme_example_is_complete():
+    assert set(FILES) == {
+        "myproject/data.py",
+        "myproject/model.py",
+        "myproject/task.py",
+        "conf/experiment/denoise.yaml",
+    }
+    assert COMMAND == ["hydra.searchpath=[file://conf]", "experiment=denoise"]
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A folder of one's own holding the README's package and config."""
+    for name, text in FILES.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def command(work: Path, *overrides: str, example: bool = True) -> tuple[list[str], dict]:
+    """`PYTHONPATH=. python train.py <the README's arguments> TINY overrides`, in `work`."""
+    paths = [str(work), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    arguments = [*(COMMAND if example else ()), *TINY, *overrides]
+    return [sys.executable, str(ROOT / "train.py"), *arguments], env
+
+
+def train(work: Path, *overrides: str, example: bool = True, timeout: float = 120):
+    args, env = command(work, *overrides, example=example)
+    return subprocess.run(
+        args, cwd=work, env=env, capture_output=True, text=True, timeout=seconds(timeout)
+    )
+
+
+def check_task_metrics(summary: dict, world_size: int = 1) -> None:
+    assert summary["world_size"] == world_size
+    assert math.isfinite(summary["final_loss"])
+    assert summary["val_loss"] > 0 and math.isfinite(summary["val_snr_db"])  # the task's own
+    assert "val_accuracy" not in summary  # no classification leftovers
+
+
+def test_gears_train_the_example_and_its_summary_has_its_metrics_and_mfu(work):
+    done = train(work, "amp=on", "accum=2", "dataloader=tuned", "max_steps=6")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = only_summary(work)
+    check_task_metrics(summary)
+    assert summary["steps"] == 6 and summary["samples"] == 6 * 2 * 32
+    gears = summary["gears"]
+    assert gears["accum"] == 2 and gears["amp"] in ("bfloat16", "float16")
+    assert gears["num_workers"] >= 1 and gears["distributed"] == "none"
+    assert summary["flops_per_sample"] > 0  # counted on the task's example batch
+    assert summary["mfu"] is not None and summary["mfu"] > 0  # a CPU's peak is measured
+
+
+def test_batch_size_auto_sizes_the_example(work):
+    done = train(work, "batch_size=auto", "batch_size_finder.max_memory_gib=0.002", "max_steps=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = only_summary(work)
+    check_task_metrics(summary)
+    found, size = summary["batch_size_finder"], summary["gears"]["batch_size"]
+    assert found is not None and found["batch_size"] == size
+    assert size % 8 == 0 and 8 <= size <= 256  # within the training set
+    if summary["device"] == "cpu":
+        assert found["bound"] == "memory_budget"  # 2 MiB holds fewer than 256 samples
+        assert found["bytes_per_sample"] > 0
+
+
+def test_the_example_trains_as_2_rank_ddp(work):
+    done = train(work, "distributed.nproc_per_node=2", "max_steps=4", "device=cpu", timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = only_summary(work)
+    check_task_metrics(summary, world_size=2)
+    assert summary["gears"]["distributed"] == "ddp" and summary["steps"] == 4
+    assert summary["samples"] == 4 * 2 * 32
+
+
+def test_sigterm_then_resume_matches_an_uninterrupted_run(work):
+    common = ("batch_size=16", "max_steps=80", "checkpoint.every_n_steps=5")
+    whole = train(work, *common, f"hydra.run.dir={work / 'whole'}")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    run_dir = work / "stopped"
+    args, env = command(work, *common, f"hydra.run.dir={run_dir}")
+    process = subprocess.Popen(args, cwd=work, env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + seconds(120)
+    while (
+        not (run_dir / "checkpoints").is_dir() or latest_checkpoint(run_dir / "checkpoints") is None
+    ):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=seconds(120))
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    stopped_at = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["position"]["step"]
+    assert 5 <= stopped_at < 80
+
+    resumed = train(work, *common, f"hydra.run.dir={run_dir}")  # the same command: resume=auto
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
+    reference = load_checkpoint(latest_checkpoint(work / "whole" / "checkpoints"))
+    assert final["position"] == reference["position"]
+    assert final["model"].keys() == reference["model"].keys()
+    for name, tensor in reference["model"].items():
+        assert torch.equal(final["model"][name], tensor), name
+
+
+BROKEN_SOURCE = 'def source(**options):\n    raise RuntimeError("the data server is down")\n'
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess, work: Path, message: str) -> None:
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), done.stderr[-3000:]
+    assert not (work / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "example", "message"),
+    [
+        (
+            ("model._target_=os.getcwd",),
+            True,
+            "model._target_='os.getcwd' is not allowed; got an unexpected keyword argument 'width'",
+        ),
+        (
+            ("model=resnet18", "+model.bogus=1", "data.image_size=8"),
+            False,
+            "model._target_='torchvision.models.resnet18' could not be built: "
+            "TypeError: ResNet.__init__() got an unexpected keyword argument 'bogus'",
+        ),
+        (
+            ("+data.bogus=1",),
+            True,
+            "data._target_='myproject.data.source' is not allowed; "
+            "got an unexpected keyword argument 'bogus'",
+        ),
+        (
+            ("data._target_=broken.source",),
+            True,
+            "data._target_='broken.source' could not be built: "
+            "RuntimeError: the data server is down",
+        ),
+        (
+            ("+task.bogus=1",),
+            True,
+            "task._target_='myproject.task.Denoise' is not allowed; "
+            "got an unexpected keyword argument 'bogus'",
+        ),
+    ],
+    ids=["model-arguments", "model-raises", "source-arguments", "source-raises", "task-arguments"],
+)
+def test_a_target_that_cannot_be_built_is_one_line(work, overrides, example, message):
+    (work / "broken.py").write_text(BROKEN_SOURCE)
+    done = train(work, *overrides, "max_steps=1", example=example)
+    assert_one_line_error(done, work, message)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "unwritable"])
+def test_a_run_folder_that_cannot_be_made_is_one_line(work, where):
+    if where == "under-a-file":
+        (work / "a-file").write_text("")
+        run_dir, reason = work / "a-file" / "run", f"{work / 'a-file'} is a file, not a folder"
+    elif os.geteuid() == 0:  # root may write anywhere but where nothing can be written
+        run_dir, reason = Path("/proc/gearshift/run"), "cannot create folders in /proc"
+    else:
+        (work / "locked").mkdir(mode=0o500)
+        run_dir, reason = work / "locked" / "run", f"cannot create folders in {work / 'locked'}"
+    done = train(work, f"hydra.run.dir={run_dir}", "max_steps=1")
+    assert_one_line_error(done, work, f"hydra.run.dir={str(run_dir)!r} is not allowed; {reason}")
+
+
+def test_a_misspelt_experiment_of_yours_is_one_line_that_lists_yours(work):
+    done = train(work, COMMAND[0], "experiment=denoize", example=False)  # the README's searchpath
+    choices = "baseline, denoise, fast, regression"
+    assert_one_line_error(
+        done, work, f"experiment='denoize' is not allowed; choose one of: {choices}"
+    )
