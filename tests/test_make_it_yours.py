@@ -17,16 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, only_summary
+from helpers import ROOT, only_summary, seconds
 
 from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
-
-try:
-    from helpers import seconds
-except ImportError:  # until helpers has it
-
-    def seconds(s: float) -> float:
-        return s * float(os.environ.get("GEARSHIFT_TEST_TIME_FACTOR", 1))
 
 
 def readme_example() -> tuple[dict[str, str], list[str]]:
