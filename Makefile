@@ -21,11 +21,11 @@ install: $(VENV)/.installed ## create .venv and install gearshift with its dev t
 train: $(VENV)/.installed ## train on the default config (ARGS="amp=on accum=4" to switch gears)
 	$(PY) train.py $(ARGS)
 
-test: $(VENV)/.installed ## the fast test suite
-	$(PY) -m pytest -m "not slow" $(ARGS)
+test: $(VENV)/.installed ## the fast test suite; prints the 15 slowest tests
+	$(PY) -m pytest -m "not slow" --durations=15 $(ARGS)
 
 test-all: $(VENV)/.installed ## every test, the slow ones too
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest --durations=15 $(ARGS)
 
 bench: $(VENV)/.installed ## template loop vs a hand-written loop, interleaved; prints ratios
 	$(PY) scripts/bench.py $(ARGS)

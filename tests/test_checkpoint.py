@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from helpers import ROOT, make_cfg, run_train
+from helpers import ROOT, make_cfg, run_train, seconds
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -103,7 +103,9 @@ checkpoint.save_checkpoint({"w": torch.zeros(3)}, folder, step=2, keep=5)
 
 @pytest.mark.parametrize("moment", ["mid-write", "before-rename"])
 def test_a_crash_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, moment):
-    crash = subprocess.run([sys.executable, "-c", CRASHING_SAVE, str(tmp_path), moment], timeout=60)
+    crash = subprocess.run(
+        [sys.executable, "-c", CRASHING_SAVE, str(tmp_path), moment], timeout=seconds(60)
+    )
     assert crash.returncode == -signal.SIGKILL
     assert any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # the torn file is there
     newest = latest_checkpoint(tmp_path)
@@ -129,7 +131,7 @@ def test_sigterm_to_a_real_run_then_resume_auto_matches_an_uninterrupted_run(tmp
     command = [sys.executable, str(ROOT / "train.py"), *common]
     command += [f"hydra.run.dir={run_dir}", "checkpoint.every_n_steps=5"]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + seconds(120)
     while (
         latest_checkpoint(run_dir / "checkpoints") is None
         if (run_dir / "checkpoints").exists()
@@ -138,7 +140,7 @@ def test_sigterm_to_a_real_run_then_resume_auto_matches_an_uninterrupted_run(tmp
         assert process.poll() is None and time.monotonic() < deadline
         time.sleep(0.02)
     process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=120)
+    output, _ = process.communicate(timeout=seconds(120))
     assert process.returncode == 128 + signal.SIGTERM, output[-2000:]
     assert "stopped by SIGTERM" in (run_dir / "train.log").read_text()
     stopped_at = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["position"]["step"]
@@ -186,7 +188,7 @@ def test_a_stop_signal_is_handed_on_after_the_checkpoint_and_a_rerun_resumes(tmp
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=seconds(300),
     )
     assert stopped.returncode == 255, stopped.stderr[-2000:]  # the handler's sys.exit(-1)
     assert (run_dir / "handed_over").read_text() == "SIGUSR2 ['step_000000007.pt']"

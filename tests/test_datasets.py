@@ -24,6 +24,7 @@ from helpers import (
     make_cfg,
     only_summary,
     run_train,
+    seconds,
 )
 from PIL import Image
 from torch import nn
@@ -367,9 +368,9 @@ def _stage_process(tmp_path: Path, pause: float) -> subprocess.Popen:
 def test_two_processes_starting_together_copy_once_and_share_it(tmp_path):
     write_images(tmp_path / "src", per_class=3)
     processes = [_stage_process(tmp_path, pause=1.0) for _ in range(2)]
-    time.sleep(1.0)  # both imported and waiting
+    time.sleep(seconds(1.0))  # both imported and waiting
     (tmp_path / "go").touch()
-    outputs = [p.communicate(timeout=60)[0].split() for p in processes]
+    outputs = [p.communicate(timeout=seconds(60))[0].split() for p in processes]
     assert [p.returncode for p in processes] == [0, 0]
     events = (tmp_path / "copies.log").read_text().split()
     assert events[0::2] == ["start", "end"]  # one copy only
@@ -389,12 +390,12 @@ def test_a_copy_killed_halfway_is_never_used(tmp_path):
     (tmp_path / "go").touch()
     killed = _stage_process(tmp_path, pause=60)
     log = tmp_path / "copies.log"
-    deadline = time.time() + 30
+    deadline = time.time() + seconds(30)
     while not log.exists() and time.time() < deadline:
         time.sleep(0.05)
     time.sleep(0.2)  # well inside the copy, holding the lock
     killed.send_signal(signal.SIGKILL)
-    killed.wait(timeout=10)
+    killed.wait(timeout=seconds(10))
     target = staged_path(tmp_path / "src", tmp_path / "local")
     assert not target.exists()  # the half-finished copy never took the final name
     assert list((tmp_path / "local").glob("*.tmp-*"))

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_sharded
-from helpers import ROOT, make_cfg, only_summary, run_train
+from helpers import ROOT, make_cfg, only_summary, run_train, seconds
 
 from gearshift.data.loading import epoch_order
 from gearshift.state.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
@@ -122,7 +122,9 @@ def test_torchrun_leaves_one_run_folder_with_world_size_2(tmp_path):
         *TINY_CLI,
         "max_steps=20",
     ]
-    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=seconds(300)
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = only_summary(tmp_path)
     assert summary["world_size"] == 2 and summary["gears"]["distributed"] == "ddp"
@@ -150,7 +152,9 @@ def test_a_multirun_sweep_runs_each_job_as_2_rank_ddp(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/*/summary.json")]
-    assert sorted(s["gears"]["amp"] for s in summaries) == ["bfloat16", "off"]
+    amps = sorted((s["gears"]["amp"], s["gears"]["amp_reason"]) for s in summaries)
+    assert len(amps) == 2 and ("off", "float32: amp=off") in amps
+    assert any(reason.startswith(("bf16: measured", "float32: bf16")) for _, reason in amps)
     assert all(s["world_size"] == 2 for s in summaries)
 
 
@@ -180,7 +184,7 @@ def test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters(tmp
         [*torchrun("--standalone", "--nproc_per_node=2"), *train],
         cwd=whole,
         capture_output=True,
-        timeout=300,
+        timeout=seconds(300),
     )
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -192,12 +196,12 @@ def test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters(tmp
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + seconds(240)
     while not list(killed.glob("runs/*/checkpoints/step_*.pt")):
         assert agent.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
     os.kill(worker_pids(agent)[1], signal.SIGKILL)
-    _, stderr = agent.communicate(timeout=300)
+    _, stderr = agent.communicate(timeout=seconds(300))
     assert b"failed (exitcode: -9)" in stderr  # rank 1 died ...
     assert agent.returncode == 0, stderr[-3000:]  # ... and the restarted job finished
 
@@ -221,13 +225,13 @@ def test_a_failed_rank_ends_the_job_instead_of_hanging(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + seconds(240)
     while len(worker_pids(agent)) < 2 or not list(tmp_path.glob("runs/*")):
         assert agent.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    time.sleep(3)  # let them reach the training loop
+    time.sleep(seconds(3))  # let them reach the training loop
     os.kill(worker_pids(agent)[1], signal.SIGKILL)
-    assert agent.wait(timeout=120) != 0  # the agent tears the job down well inside 2 minutes
+    assert agent.wait(timeout=seconds(120)) != 0  # the agent tears it down well inside that
 
 
 @pytest.mark.parametrize(

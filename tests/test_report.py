@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, seconds
 
 MIB = 2**20
 
@@ -59,7 +59,7 @@ def report(folder: Path) -> subprocess.CompletedProcess:
         [sys.executable, str(ROOT / "scripts" / "report.py"), str(folder)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=seconds(120),
     )
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import helpers
 import pytest
-from helpers import ROOT
+from helpers import ROOT, seconds
 
 pytestmark = pytest.mark.slurm
 
@@ -33,7 +33,9 @@ def _cluster_is_up() -> bool:
     """sinfo answers and a node can take jobs."""
     if shutil.which("sinfo") is None:
         return False
-    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=seconds(30)
+    )
     return out.returncode == 0 and bool({"idle", "mix", "alloc"} & set(out.stdout.split()))
 
 
@@ -52,12 +54,12 @@ def slurm_cluster():
     if os.geteuid() != 0:
         _unavailable("scripts/slurm/up.sh needs root")
     up = subprocess.run(
-        ["bash", str(SCRIPTS / "up.sh")], capture_output=True, text=True, timeout=600
+        ["bash", str(SCRIPTS / "up.sh")], capture_output=True, text=True, timeout=seconds(600)
     )
     if up.returncode != 0:
         _unavailable(f"scripts/slurm/up.sh failed: {up.stderr.strip() or up.stdout.strip()}")
     yield
-    subprocess.run(["bash", str(SCRIPTS / "down.sh")], capture_output=True, timeout=120)
+    subprocess.run(["bash", str(SCRIPTS / "down.sh")], capture_output=True, timeout=seconds(120))
 
 
 class Sweep:
@@ -91,8 +93,9 @@ class Sweep:
         )
 
     def finish(self, timeout: float) -> tuple[int, str]:
+        """The sweep's exit code and output, waiting at most `timeout` seconds (unscaled)."""
         assert self.process is not None
-        output, _ = self.process.communicate(timeout=timeout)  # TimeoutExpired: the sweep hung
+        output, _ = self.process.communicate(timeout=seconds(timeout))  # expired: it hung
         return self.process.returncode, output
 
     def jobs(self) -> dict[str, str]:
@@ -101,7 +104,7 @@ class Sweep:
             ["squeue", "-h", "-r", "-t", "all", "-n", self.name, "-o", "%i %T"],
             capture_output=True,
             text=True,
-            timeout=30,
+            timeout=seconds(30),
             check=True,
         )
         return dict(line.split() for line in out.stdout.splitlines())
@@ -110,7 +113,7 @@ class Sweep:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-        subprocess.run(["scancel", "--name", self.name], capture_output=True, timeout=30)
+        subprocess.run(["scancel", "--name", self.name], capture_output=True, timeout=seconds(30))
 
 
 @pytest.fixture
@@ -120,11 +123,12 @@ def sweep(slurm_cluster, tmp_path):
     s.cleanup()
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
+def wait_for(condition, timeout: float, what: str, poll_s: float = 0.5) -> None:
+    """Poll `condition` until it holds, for at most `timeout` seconds (unscaled)."""
+    deadline = time.monotonic() + seconds(timeout)
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+        time.sleep(poll_s)
 
 
 def sacct_states(job: str) -> dict[str, str]:
@@ -133,7 +137,7 @@ def sacct_states(job: str) -> dict[str, str]:
         ["sacct", "-o", "JobID,State,NodeList", "--parsable2", "-j", job],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=seconds(30),
         check=True,
     )
     header, *lines = out.stdout.splitlines()
@@ -141,7 +145,7 @@ def sacct_states(job: str) -> dict[str, str]:
     return {line.split("|")[0]: line.split("|")[1] for line in lines}
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(seconds(180))
 def test_two_point_sweep_runs_as_two_slurm_jobs_and_returns_both_results(sweep):
     sweep.start("amp=off,bf16", "max_steps=4")
     code, output = sweep.finish(timeout=150)
@@ -163,7 +167,7 @@ def test_two_point_sweep_runs_as_two_slurm_jobs_and_returns_both_results(sweep):
         assert f"amp={'off' if point == 0 else 'bf16'}" in job_return.overrides
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(seconds(180))
 def test_a_job_that_raises_fails_the_sweep(sweep):
     # a 2-class head for 10-class labels: cross_entropy raises on the first batch
     sweep.start("model.num_classes=10,2", "max_steps=3")
@@ -174,13 +178,9 @@ def test_a_job_that_raises_fails_the_sweep(sweep):
     assert not (sweep.dir / "1" / "summary.json").exists()
 
 
-def kill_training_process(job: str) -> None:
-    """SIGKILL the job's training process, as the OOM killer would: it writes no result."""
-    out = subprocess.run(
-        ["squeue", "-h", "-j", job, "-o", "%A"], capture_output=True, text=True, timeout=30
-    )
-    raw_id = out.stdout.strip()  # an array task's own SLURM_JOB_ID
-    wanted = {f"SLURM_JOB_ID={raw_id}".encode(), b"SLURM_STEP_ID=0"}
+def training_pids(*environment: str) -> list[int]:
+    """The training processes (every rank) of the SLURM job whose environment holds these."""
+    wanted = {entry.encode() for entry in environment} | {b"SLURM_STEP_ID=0"}
     pids = []
     for proc in Path("/proc").glob("[0-9]*"):
         try:
@@ -190,16 +190,25 @@ def kill_training_process(job: str) -> None:
             continue
         if wanted <= environ and b"submitit.core._submit" in argv and b"srun" not in argv[0]:
             pids.append(int(proc.name))
-    assert pids, f"no training process of job {job} ({raw_id})"
-    for pid in pids:
+    assert pids, f"no training process with {environment}"
+    return pids
+
+
+def kill_training_process(job: str) -> None:
+    """SIGKILL the job's training process, as the OOM killer would: it writes no result."""
+    out = subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%A"], capture_output=True, text=True, timeout=seconds(30)
+    )
+    raw_id = out.stdout.strip()  # an array task's own SLURM_JOB_ID
+    for pid in training_pids(f"SLURM_JOB_ID={raw_id}"):
         os.kill(pid, signal.SIGKILL)
 
 
 def cancel(job: str) -> None:
-    subprocess.run(["scancel", job], check=True, timeout=30)
+    subprocess.run(["scancel", job], check=True, timeout=seconds(30))
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(seconds(240))
 @pytest.mark.parametrize(
     ("end_job", "state"),
     [(kill_training_process, "FAILED"), (cancel, "CANCELLED")],
@@ -219,7 +228,7 @@ def test_a_job_that_dies_without_a_result_fails_the_sweep(sweep, end_job, state)
     assert (sweep.dir / "0" / "summary.json").exists()
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(seconds(240))
 def test_a_job_with_two_tasks_per_node_trains_as_2_rank_ddp(sweep):
     # each SLURM task runs the job; SLURM_PROCID/NTASKS/LOCALID make it a DDP rank
     sweep.start("hydra.launcher.tasks_per_node=2", "max_steps=6", "amp=off")
@@ -233,18 +242,37 @@ def test_a_job_with_two_tasks_per_node_trains_as_2_rank_ddp(sweep):
 
 def restarts(job: str) -> int:
     out = subprocess.run(
-        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=30
+        ["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=seconds(30)
     )
     return int(out.stdout.split("Restarts=")[1].split()[0])
 
 
+def pending(pid: int, signum: int) -> bool:
+    """Whether `signum` waits, not yet handled, for process `pid` (which SIGSTOP holds)."""
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    masks = [int(line.split()[1], 16) for line in status if line.startswith(("SigPnd", "ShdPnd"))]
+    return any(mask >> (signum - 1) & 1 for mask in masks)
+
+
 def signal_when_checkpointed(sweep: Sweep, signum: str) -> str:
-    """Send the job's training process `signum` (as SLURM does before the time limit or on
-    preemption, with submitit's --signal=USR2) once its first checkpoint is saved."""
+    """Send the job `signum` (as SLURM does before the time limit or on preemption, with
+    submitit's --signal=USR2) right after its first checkpoint. The training processes are
+    held (SIGSTOP) from the moment the checkpoint shows until the signal waits for them,
+    so on a machine of any speed the job stops a few steps after that checkpoint, and a
+    short max_steps leaves the requeued job little to train."""
     checkpoints = sweep.dir / "0" / "checkpoints"
-    wait_for(lambda: any(checkpoints.glob("*.pt")), 120, "the first checkpoint")
-    [job] = [j for j, s in sweep.jobs().items() if s == "RUNNING"]
-    subprocess.run(["scancel", f"--signal={signum}", job], check=True, timeout=30)
+    wait_for(lambda: any(checkpoints.glob("*.pt")), 120, "the first checkpoint", poll_s=0.01)
+    pids = training_pids(f"SLURM_JOB_NAME={sweep.name}")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        [job] = [j for j, s in sweep.jobs().items() if s == "RUNNING"]
+        subprocess.run(["scancel", f"--signal={signum}", job], check=True, timeout=seconds(30))
+        number = signal.Signals[f"SIG{signum}"]
+        wait_for(lambda: all(pending(p, number) for p in pids), 30, f"{signum} to reach the job")
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
     return job
 
 
@@ -252,33 +280,37 @@ def start_requeued_job_now(sweep: Sweep, job: str) -> None:
     """SLURM holds a requeued job back for a while (Reason=BeginTime, ~3 minutes here); wait
     until it is pending again, which shows the requeue happened, then let it start now."""
     wait_for(lambda: sweep.jobs().get(job) == "PENDING", 60, "the job to be requeued")
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=30)
+    subprocess.run(
+        ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=seconds(30)
+    )
 
 
 # submitit counts a USR2 as reaching the time limit when the job has run past
 # min(0.8 x limit, limit - 10 min) (always, for 5 minutes), else as preemption.
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(seconds(300))
 @pytest.mark.parametrize(
     ("timeout_min", "ranks"),
     [(5, 1), (30, 1), (30, 2)],
     ids=["time-limit", "preemption", "preemption-2-rank-ddp"],
 )
 def test_a_signalled_job_checkpoints_is_requeued_and_resumes(sweep, timeout_min, ranks):
-    steps = 4000 // ranks**2  # a 2-rank gloo step takes ~4x as long here
+    # stopped a few steps after step 20 (DDP: at the next log step, every 10), whatever the
+    # machine's speed; the requeued job trains the rest (a 2-rank gloo step is ~10x slower)
+    steps, every = 200 // ranks, 20
     sweep.start(
         f"max_steps={steps}",
-        "checkpoint.every_n_steps=100",
+        f"checkpoint.every_n_steps={every}",
         f"hydra.launcher.tasks_per_node={ranks}",
         timeout_min=timeout_min,
     )
     job = signal_when_checkpointed(sweep, "USR2")
     start_requeued_job_now(sweep, job)
-    code, output = sweep.finish(timeout=240)
+    code, output = sweep.finish(timeout=180)
     assert code == 0, output
     assert restarts(job) == 1
     log = (sweep.dir / "0" / "train.log").read_text()  # both attempts write to it
     stopped_at = int(log.split("stopped by SIGUSR2 after step ")[1].split(";")[0])
-    assert 100 <= stopped_at < steps
+    assert every <= stopped_at < steps
     assert f"step_{stopped_at:09d}.pt at step {stopped_at}" in log  # the requeued job resumed
     summary = json.loads((sweep.dir / "0" / "summary.json").read_text())
     assert summary["steps"] == steps and summary["samples"] == steps * 16 * ranks
@@ -288,7 +320,7 @@ def test_a_signalled_job_checkpoints_is_requeued_and_resumes(sweep, timeout_min,
     assert f"this job is {case}" in submitit_log and "Requeued job" in submitit_log
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(seconds(240))
 def test_a_job_at_its_time_limit_with_no_requeues_left_fails_the_sweep(sweep):
     sweep.start(
         "max_steps=4000", "checkpoint.every_n_steps=100", "hydra.launcher.max_num_timeout=0"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import yaml
-from helpers import CONF, ROOT
+from helpers import CONF, ROOT, seconds
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from wandb_records import read_records
@@ -36,7 +36,7 @@ def sweep(tmp_path, *overrides: str, timeout: float = 300) -> subprocess.Complet
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=seconds(timeout),
     )
 
 
@@ -72,7 +72,7 @@ def test_a_single_run_has_no_group_unless_one_is_set(tmp_path):
         env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(tmp_path)},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=seconds(300),
     )
     assert done.returncode == 0, done.stderr
     [run_dir] = (tmp_path / "runs").iterdir()
@@ -178,7 +178,7 @@ def test_an_ablation_sweep_runs_each_gear_alone_in_its_own_process_and_reports(t
         [sys.executable, str(ROOT / "scripts" / "report.py"), "--no-plot", str(sweep_dir)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=seconds(120),
     )
     assert report.returncode == 0, report.stderr
     table = (sweep_dir / "report.md").read_text()

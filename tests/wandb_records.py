@@ -12,6 +12,8 @@ import struct
 import time
 from pathlib import Path
 
+from helpers import seconds
+
 BLOCK = 32 * 1024
 HEADER = 7
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
@@ -43,6 +45,7 @@ def read_records(path: Path) -> list:
 
 def finished_records(path: Path, timeout: float = 30.0) -> list:
     """The records once the run's exit record is on disk: W&B's service writes after finish()."""
+    timeout = seconds(timeout)
     deadline = time.monotonic() + timeout
     while True:
         records = read_records(path)
