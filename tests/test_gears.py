@@ -305,3 +305,23 @@ def test_compile_on_trains_through_a_compiled_module(tmp_path):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     assert result.summary["gears"]["compile"] == "default"
     assert result.summary["steps"] == 3
+
+
+def test_compile_auto_compiles_on_cuda_only():
+    from gearshift.models.build import resolve_compile
+
+    assert resolve_compile("auto", torch.device("cuda"))[0] is True
+    on_cpu, reason = resolve_compile("auto", CPU)
+    assert on_cpu is False and "0.8x eager" in reason
+    assert resolve_compile(True, CPU) == (True, "compile.enabled=true")
+
+
+def test_experiment_fast_on_a_cpu_leaves_compile_off_and_says_why(tmp_path, monkeypatch):
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda model, **options: compiled.append(model) or model)
+    cfg = make_cfg("experiment=fast", "model=mlp", "max_steps=2", "amp=off")
+    gears = fit(cfg, tmp_path / "fast").summary["gears"]
+    assert compiled == [] and gears["compile"] == "off"
+    assert gears["compile_reason"].startswith("auto: off on cpu")
+    fit(make_cfg("compile=on", "model=mlp", "max_steps=2"), tmp_path / "on")
+    assert len(compiled) == 1  # compile=on still compiles on a CPU when asked

@@ -158,7 +158,7 @@ class Trainer:
             self.model, self.task, cfg.matmul_precision, device, self.precision,
             self.memory_format, strategy,
         )  # fmt: skip
-        compiled = maybe_compile(self.model, cfg.compile)  # 8
+        compiled = maybe_compile(self.model, cfg.compile, device)  # 8
         self.forward = wrap_model(compiled, strategy, device, cfg.distributed)  # 18
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.batches_per_epoch = len(self.train_batches)

@@ -266,6 +266,8 @@ def check_config(cfg: DictConfig) -> None:
     _check_importable("trainer", cfg.trainer, "Trainer class")
     _check_choice(cfg, "amp.dtype", AMP_DTYPES)
     _check_choice(cfg, "compile.mode", COMPILE_MODES)
+    if cfg.compile.enabled not in (True, False, "auto"):
+        _fail("compile.enabled", cfg.compile.enabled, "choose true, false or auto")
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
     _check_choice(cfg, "logger.name", LOGGERS)
     _check_choice(cfg, "logger.mode", LOGGER_MODES)

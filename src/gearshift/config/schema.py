@@ -39,7 +39,7 @@ class DataLoaderConfig:
 
 @dataclass
 class CompileConfig:
-    enabled: bool = False
+    enabled: Any = False  # true | false | auto (on CUDA only: compiled models ran slower on CPUs)
     mode: str = "default"
     fullgraph: bool = False
     dynamic: bool | None = None

@@ -31,6 +31,7 @@ from gearshift.engine.precision import (
     resolve_amp_dtype,
     short_name,
 )
+from gearshift.models.build import resolve_compile
 from gearshift.models.checkpointing import recompute_disabled
 
 log = logging.getLogger(__name__)
@@ -279,7 +280,8 @@ def cudnn_benchmark_varying_shapes(s: Subject) -> Finding | None:
 
 def compile_short_last_batch(s: Subject) -> Finding | None:
     short = s.short_last_batch()
-    if not (s.cfg.compile.enabled and short and s.cfg.compile.dynamic is not True):
+    compiled = resolve_compile(s.cfg.compile.enabled, s.device)[0]
+    if not (compiled and short and s.cfg.compile.dynamic is not True):
         return None
     return Finding(
         "compile-short-last-batch",

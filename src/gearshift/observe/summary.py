@@ -12,6 +12,7 @@ from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.loading import loader_workers, resolve_pin_memory
 from gearshift.data.prefetch import prefetch_active
 from gearshift.engine.precision import Precision
+from gearshift.models.build import resolve_compile
 from gearshift.observe.metrics import PerfMeter, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
 
@@ -71,6 +72,7 @@ def resolved_gears(
     dl = cfg.dataloader
     on_device = bool(cfg.data.get("on_device"))
     workers, workers_reason = loader_workers(dl.num_workers, device)
+    compiled, compile_reason = resolve_compile(cfg.compile.enabled, device)
     if on_device:
         workers, workers_reason = 0, "data.on_device=true: no loader"
     return {
@@ -88,7 +90,8 @@ def resolved_gears(
         "prefetch_to_device": prefetch_active(cfg, device),
         "device_transforms": DeviceTransforms.describe(cfg.device_transforms),
         "checkpointing": bool(cfg.model.get("checkpointing", False)),
-        "compile": cfg.compile.mode if cfg.compile.enabled else "off",
+        "compile": cfg.compile.mode if compiled else "off",
+        "compile_reason": compile_reason,
         "cudnn_benchmark": cfg.cudnn_benchmark,
         "matmul_precision": cfg.matmul_precision,
         "optimizer": cfg.optimizer.name,
