@@ -1,5 +1,9 @@
 import pytest
 import torch
+from helpers import seconds
+
+# A test with no time limit of its own gets this one, so none can hang the suite.
+DEFAULT_LIMIT_S = 300
 
 
 @pytest.fixture(autouse=True)
@@ -13,6 +17,9 @@ def _restore_torch_globals():
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(seconds(DEFAULT_LIMIT_S)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

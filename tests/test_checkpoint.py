@@ -54,7 +54,8 @@ class SignalAtStep:
 )
 def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, source, signum):
     # 256 samples / batch 16 = 16 batches = 8 steps an epoch with accum 2; stop in epoch 1.
-    gears = ("model=simple_cnn", "accum=2", "max_steps=20", "amp=bf16", *source)
+    # amp=on: autocast where it is fast here, never an emulated dtype's cost (100x on some CPUs)
+    gears = ("model=simple_cnn", "accum=2", "max_steps=20", "amp=on", *source)
     whole = fit(make_cfg(*gears), tmp_path / "whole")
 
     run_dir = tmp_path / "stopped"
@@ -115,10 +116,16 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path,
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())  # cleaned up
 
 
+# Three runs of train.py. The fast suite covers it in parts: an exact resume after a signal
+# (test_stop_mid_epoch_...), and a real signal to train.py, then a rerun that resumes
+# (test_a_stop_signal_is_handed_on_...).
+@pytest.mark.slow
 def test_sigterm_to_a_real_run_then_resume_auto_matches_an_uninterrupted_run(tmp_path):
     common = [
         "model=simple_cnn",
         "data.num_samples=512",
+        "data.num_val_samples=64",
+        "data.image_size=16",
         "batch_size=32",
         "max_steps=60",
         "logger=none",

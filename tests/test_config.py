@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make_cfg, run_train
+from helpers import CONF, make_cfg, run_train
 
+from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
 
 
@@ -89,6 +90,22 @@ if not torch.cuda.is_available():
 
 
 @pytest.mark.parametrize(("override", "message"), BAD_INPUT)
+def test_bad_input_is_one_line_exit_2_before_any_run_folder(
+    tmp_path, monkeypatch, capsys, override, message
+):
+    # what train.py runs first, in this process: a fresh `python train.py` per value costs 4 s
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        preflight(CONF, argv=[override])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [BAD_INPUT[0], *(pytest.param(*case, marks=pytest.mark.slow) for case in BAD_INPUT[1:])],
+)
 def test_bad_input_is_one_line_nonzero_exit_and_no_run_folder(tmp_path, override, message):
     result = run_train(override, cwd=tmp_path, timeout=120)
     assert result.returncode == 2

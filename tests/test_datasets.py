@@ -482,15 +482,37 @@ def _make_bad_folder(kind: str, root: Path) -> str:
     return f"error: data.num_classes=10 is not allowed; {images} has 3 class folders (c0, c1, c2); set data.num_classes=3"
 
 
-@pytest.mark.parametrize("kind", ["missing", "empty", "corrupt", "classes"])
-def test_bad_data_is_one_line_exit_2_and_no_run_folder(tmp_path, kind):
-    expected = _make_bad_folder(kind, tmp_path)
+def _bad_data_args(kind: str, tmp_path: Path) -> list[str]:
     path = "/does/not/exist" if kind == "missing" else str(tmp_path / "images")
     overrides = [] if kind == "classes" else ["data.num_classes=3"]
+    return ["data=imagefolder", f"data.path={path}", *overrides, "logger=none"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty", "corrupt", "classes"])
+def test_bad_data_stops_before_training_with_one_line(tmp_path, kind):
+    # what `python train.py` checks, in this process (a fresh one per case costs 4 s); the
+    # command line's exit code and its missing run folder are the test below's
+    expected = _make_bad_folder(kind, tmp_path).removeprefix("error: ")
+    cfg = make_cfg(*_bad_data_args(kind, tmp_path), tiny=False)
+    folder = run_dir(tmp_path)
+    with pytest.raises(ConfigError) as error:
+        check_config(cfg)
+        fit(cfg, folder)
+    assert str(error.value).startswith(expected)
+    assert list(folder.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "corrupt",
+        *(pytest.param(k, marks=pytest.mark.slow) for k in ("missing", "empty", "classes")),
+    ],
+)
+def test_bad_data_is_one_line_exit_2_and_no_run_folder(tmp_path, kind):
+    expected = _make_bad_folder(kind, tmp_path)
     (tmp_path / "work").mkdir()
-    result = run_train(
-        "data=imagefolder", f"data.path={path}", *overrides, "logger=none", cwd=tmp_path / "work"
-    )
+    result = run_train(*_bad_data_args(kind, tmp_path), cwd=tmp_path / "work")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(expected), result.stderr

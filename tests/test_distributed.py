@@ -15,8 +15,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_sharded
-from helpers import ROOT, make_cfg, only_summary, run_train, seconds
+from helpers import CONF, ROOT, make_cfg, only_summary, run_train, seconds
 
+from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
 from gearshift.state.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
@@ -234,23 +235,43 @@ def test_a_failed_rank_ends_the_job_instead_of_hanging(tmp_path):
     assert agent.wait(timeout=seconds(120)) != 0  # the agent tears it down well inside that
 
 
+BAD_DISTRIBUTED_INPUT = [
+    (
+        "distributed=ddp",
+        "error: distributed='ddp' is not allowed; it needs several processes: launch it with "
+        "torchrun --nproc_per_node=N train.py ... or add distributed.nproc_per_node=N",
+    ),
+    (
+        "distributed=dp",
+        "error: distributed='dp' is not allowed; DataParallel needs CUDA devices; "
+        "use distributed=ddp on CPU",
+    ),
+    (
+        "distributed.nproc_per_node=0",
+        "error: distributed.nproc_per_node=0 is not allowed; expected an integer >= 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), BAD_DISTRIBUTED_INPUT)
+def test_bad_distributed_input_is_one_line_before_any_run_folder(
+    tmp_path, monkeypatch, capsys, override, message
+):
+    if override == "distributed=dp" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: DataParallel is allowed")
+    monkeypatch.chdir(tmp_path)  # what train.py runs first, in this process
+    with pytest.raises(SystemExit) as exit:
+        preflight(CONF, argv=[override])
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip() == message
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (
-            "distributed=ddp",
-            "error: distributed='ddp' is not allowed; it needs several processes: launch it with "
-            "torchrun --nproc_per_node=N train.py ... or add distributed.nproc_per_node=N",
-        ),
-        (
-            "distributed=dp",
-            "error: distributed='dp' is not allowed; DataParallel needs CUDA devices; "
-            "use distributed=ddp on CPU",
-        ),
-        (
-            "distributed.nproc_per_node=0",
-            "error: distributed.nproc_per_node=0 is not allowed; expected an integer >= 1",
-        ),
+        BAD_DISTRIBUTED_INPUT[0],
+        *(pytest.param(*case, marks=pytest.mark.slow) for case in BAD_DISTRIBUTED_INPUT[1:]),
     ],
 )
 def test_bad_distributed_input_is_one_line(tmp_path, override, message):
