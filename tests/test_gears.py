@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 
 import pytest
 import torch
@@ -44,10 +45,11 @@ def test_amp_on_picks_bf16_on_a_cpu_where_it_measures_fast_without_a_scaler(monk
 
 def test_amp_on_stays_float32_on_a_cpu_that_emulates_bf16_and_fp16(monkeypatch):
     fake_cpu_speed(monkeypatch, 0.01)  # an AVX2-only CPU: 100x slower than float32
+    monkeypatch.setattr(precision, "_native", lambda dtype: False)
     choice = resolve_amp("auto", CPU)
     assert choice.dtype is None and choice.name == "off"
-    assert "bf16 measured 100x slower than float32" in choice.reason
-    assert "fp16 measured 100x slower than float32" in choice.reason
+    assert choice.reason.startswith("float32: bf16 measured 100x slower than float32")
+    assert choice.reason.endswith("; fp16: no native kernels reported, not measured")
 
 
 def test_amp_on_tolerates_probe_noise_but_not_a_real_slowdown(monkeypatch):
@@ -57,15 +59,20 @@ def test_amp_on_tolerates_probe_noise_but_not_a_real_slowdown(monkeypatch):
     assert resolve_amp_dtype("auto", CPU) is None
 
 
-def test_amp_on_takes_fp16_where_only_fp16_is_fast(monkeypatch):
-    speeds = {torch.bfloat16: 0.02, torch.float16: 1.3}  # e.g. an ARM CPU without bf16
+@pytest.mark.parametrize("fp16_speed", [1.3, 0.5])
+def test_amp_on_takes_native_fp16_where_bf16_is_slow_if_it_measures_fast(monkeypatch, fp16_speed):
+    speeds = {torch.bfloat16: 0.02, torch.float16: fp16_speed}  # an ARM CPU without bf16
     monkeypatch.setattr(
         precision,
         "cpu_speed",
         lambda dtype: precision.CpuSpeed(dtype, speeds[dtype], speeds[dtype]),
     )
+    monkeypatch.setattr(precision, "_native", lambda dtype: dtype == torch.float16)
     choice = resolve_amp("auto", CPU)
-    assert choice.dtype == torch.float16 and choice.reason.startswith("fp16: measured 1.3x")
+    if fp16_speed > 1:
+        assert choice.dtype == torch.float16 and choice.reason.startswith("fp16: measured 1.3x")
+    else:
+        assert choice.dtype is None and "fp16 measured 2x slower than float32" in choice.reason
 
 
 @pytest.mark.parametrize("bf16", [True, False])
@@ -105,12 +112,12 @@ def test_the_cpu_probe_measures_ratios_once_per_process(monkeypatch):
     timed = []
     real = precision._fastest_seconds
 
-    def counted(op):
+    def counted(op, **limits):
         timed.append(op)
-        return real(op)
+        return real(op, **limits)
 
     monkeypatch.setattr(precision, "_fastest_seconds", counted)
-    precision._cpu_seconds.cache_clear()
+    precision._float32_seconds.cache_clear()
     precision.cpu_speed.cache_clear()
     speed = precision.cpu_speed(torch.bfloat16)
     assert len(timed) == 4  # a matmul and a conv, in float32 and in bf16
@@ -119,6 +126,25 @@ def test_the_cpu_probe_measures_ratios_once_per_process(monkeypatch):
     assert precision.cpu_speed(torch.bfloat16) is speed and len(timed) == 4  # cached
     precision.cpu_speed(torch.float16)
     assert len(timed) == 6  # float32 is timed once for both
+
+
+def test_the_probe_keeps_a_reps_fastest_and_stops_timing_an_op_that_is_conclusively_slow():
+    def op_taking(*seconds):
+        pauses = iter(seconds)
+        calls = []
+
+        def op():
+            calls.append(1)
+            time.sleep(next(pauses))
+
+        return op, calls
+
+    # interference (a lost time slice) only slows a rep down: the fastest rep is the op
+    interfered, calls = op_taking(0, 0.03, 0.001, 0.03, *[0.03] * 7)
+    assert precision._fastest_seconds(interfered) < 0.02 and len(calls) == 11
+    # an emulated dtype's op: three reps past the limit are enough
+    emulated, calls = op_taking(*[0.025] * 11)
+    assert precision._fastest_seconds(emulated, give_up_s=0.02) >= 0.025 and len(calls) == 4
 
 
 def test_fp16_grad_scaler_skips_a_step_with_inf_gradients_and_counts_it():

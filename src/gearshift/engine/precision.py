@@ -2,13 +2,15 @@
 
 `amp=on` resolves against the machine it runs on. On CUDA it is bf16 where the GPU supports
 it, else fp16. On a CPU, where bf16 and fp16 kernels are native on some chips and emulated
-(many times slower than float32) on others, it is the first of bf16 and fp16 that a short
-probe measures about as fast as float32, else float32 itself. Every choice comes with the
-reason, for the log and summary.json.
+(many times slower than float32) on others, it is bf16 if a short probe measures it about
+as fast as float32, else fp16 where the CPU reports native fp16 kernels and the probe
+agrees, else float32 itself. Every choice comes with the reason, for the log and
+summary.json.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -29,7 +31,10 @@ CPU_CANDIDATES = (torch.bfloat16, torch.float16)  # bf16 first: it needs no Grad
 # A dtype measured up to this factor slower than float32 counts as just as fast: probe noise.
 NOISE = 1.1
 _REPS = 10
-_REP_BUDGET_S = 0.03  # an op past this is timed fewer times: a slowdown that large is no noise
+# A candidate op whose 3 fastest reps are all this much slower than float32, and longer than a
+# time slice a busy machine adds to a rep (so no fast op looks slow), is timed no more.
+_CONCLUSIVE = 10
+_TIME_SLICE_S = 0.02
 
 
 def short_name(dtype: torch.dtype | None) -> str:
@@ -63,54 +68,68 @@ class CpuSpeed:
         return f"measured {overall} (matmul {self.matmul:.3g}x, conv {self.conv:.3g}x)"
 
 
-def _fastest_seconds(op: Callable[[], object]) -> float:
-    """The fastest of a few timed reps after a warm-up. Not the median: on a shared machine a
-    rep that loses its core for a time slice (4-16 ms, 100x a fast op) is common, and
-    interference only ever slows a rep down, so the fastest is the op on its own."""
+def _fastest_seconds(op: Callable[[], object], give_up_s: float = math.inf) -> float:
+    """The fastest of up to 10 timed reps after a warm-up; after 3, an op slower than
+    `give_up_s` stops (an emulated dtype: 10-40 ms a rep). Not the median: on a shared
+    machine a rep that loses its core for a time slice (4-16 ms, 100x a fast op) is common,
+    and interference only ever slows a rep down, so the fastest is the op on its own."""
     op()  # warm-up: oneDNN builds its kernels on the first call
     times: list[float] = []
-    while len(times) < _REPS and sum(times) < _REP_BUDGET_S:
+    while len(times) < _REPS and not (len(times) >= 3 and min(times) > give_up_s):
         start = time.perf_counter()
         op()
         times.append(time.perf_counter() - start)
     return min(times)
 
 
-@cache
-def _cpu_seconds(dtype: torch.dtype) -> tuple[float, float]:
-    """Seconds of a 256x256 matmul and a 3x3 convolution (8x32x16x16) in `dtype`."""
+def _probe_ops(dtype: torch.dtype) -> tuple[Callable[[], object], Callable[[], object]]:
+    """A 256x256 matmul and a 3x3 convolution (8x32x16x16) in `dtype`."""
     generator = torch.Generator().manual_seed(0)  # leaves the run's random stream alone
     a, b, images, weight = (
         torch.randn(shape, generator=generator).to(dtype)
         for shape in ((256, 256), (256, 256), (8, 32, 16, 16), (32, 32, 3, 3))
     )
+    return (lambda: a @ b), (lambda: F.conv2d(images, weight, padding=1))
+
+
+@cache
+def _float32_seconds() -> tuple[float, float]:
     with torch.inference_mode():
-        matmul = _fastest_seconds(lambda: a @ b)
-        conv = _fastest_seconds(lambda: F.conv2d(images, weight, padding=1))
-    return matmul, conv
+        return tuple(_fastest_seconds(op) for op in _probe_ops(torch.float32))
 
 
 @cache
 def cpu_speed(dtype: torch.dtype) -> CpuSpeed:
-    """How fast `dtype` runs here against float32; measured once per process (~10 ms, ~0.2 s
-    where its kernels are emulated)."""
-    base_matmul, base_conv = _cpu_seconds(torch.float32)
-    matmul, conv = _cpu_seconds(dtype)
-    return CpuSpeed(dtype, base_matmul / matmul, base_conv / conv)
+    """How fast `dtype` runs here against float32; measured once per process (~10 ms, up to
+    ~0.4 s where its kernels are emulated)."""
+    base = _float32_seconds()
+    with torch.inference_mode():
+        seconds = [
+            _fastest_seconds(op, give_up_s=max(_CONCLUSIVE * b, _TIME_SLICE_S))
+            for op, b in zip(_probe_ops(dtype), base, strict=True)
+        ]
+    return CpuSpeed(dtype, base[0] / seconds[0], base[1] / seconds[1])
 
 
-def cpu_kernels(dtype: torch.dtype) -> str:
-    """What the CPU offers for `dtype`, e.g. "AVX512, native bf16 kernels"."""
+def _native(dtype: torch.dtype) -> bool | None:
+    """Whether oneDNN has native kernels for `dtype` on this CPU (None: cannot tell)."""
     check = {
         torch.bfloat16: "_is_mkldnn_bf16_supported",
         torch.float16: "_is_mkldnn_fp16_supported",
     }[dtype]
     try:
-        native = getattr(torch.ops.mkldnn, check)()
+        return bool(getattr(torch.ops.mkldnn, check)())
     except (AttributeError, RuntimeError):  # a private check: gone in some builds
-        return torch.backends.cpu.get_cpu_capability()
-    kind = "native" if native else "emulated"
-    return f"{torch.backends.cpu.get_cpu_capability()}, {kind} {short_name(dtype)} kernels"
+        return None
+
+
+def cpu_kernels(dtype: torch.dtype) -> str:
+    """What the CPU offers for `dtype`, e.g. "AVX512, native bf16 kernels"."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    native = _native(dtype)
+    if native is None:
+        return capability
+    return f"{capability}, {'native' if native else 'emulated'} {short_name(dtype)} kernels"
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,9 @@ class AmpChoice:
 def _choose_on_cpu() -> AmpChoice:
     rejected = []
     for dtype in CPU_CANDIDATES:
+        if dtype != torch.bfloat16 and not _native(dtype):  # x86 without AVX512-FP16/AMX-FP16
+            rejected.append(f"{short_name(dtype)}: no native kernels reported, not measured")
+            continue
         speed = cpu_speed(dtype)
         measured = f"{speed.describe()} on this CPU ({cpu_kernels(dtype)})"
         if speed.as_fast_as_float32:
