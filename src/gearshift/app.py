@@ -7,6 +7,7 @@ allowed, a non-zero exit, and no run folder: Hydra creates that only afterwards.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -195,6 +196,7 @@ def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
     if rank and rank != "0":
         scratch = Path(tempfile.gettempdir()) / f"gearshift-rank{rank}-{os.getpid()}"
         argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=stdout"]
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # Hydra's empty folder
 
 
 def _culprit(error: Exception, overrides: list[str]) -> str | None:
