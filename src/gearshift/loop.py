@@ -1,6 +1,6 @@
 """The training loop: a plain PyTorch loop with each gear applied in one place.
 
-The numbers in the comments are the tips of DESIGN.md's gear table. The host waits for
+The numbers in the comments are the performance tips each gear follows. The host waits for
 the device only at log steps (reading the loss); everything else stays asynchronous.
 """
 
@@ -334,7 +334,7 @@ def make_summary(
     gears: dict[str, Any],
     val: dict[str, float | None],
 ) -> dict[str, Any]:
-    """summary.json: the keys DESIGN.md promises, always all of them, reduced over ranks."""
+    """summary.json: the keys the README lists, always all of them, reduced over ranks."""
     steady = meter.steady_state()
     local_peak, peak_kind = peak_memory(device)
     (steady_samples,), (seconds, peak_bytes) = gather_sum_max(
