@@ -49,7 +49,7 @@ def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
 
 
 def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in `cwd` (where its runs/ folder goes); timeout: unscaled."""
+    """`python train.py ARGS` in `cwd` (where its runs/ folder goes); `timeout` gets scaled."""
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd,
