@@ -55,7 +55,7 @@ def task_of(cfg: DictConfig) -> Task:
 
 
 def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in `cwd` (where its runs/ folder goes); timeout: unscaled."""
+    """`python train.py ARGS` in `cwd` (where its runs/ folder goes); `timeout` gets scaled."""
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd,

@@ -93,7 +93,7 @@ class Sweep:
         )
 
     def finish(self, timeout: float) -> tuple[int, str]:
-        """The sweep's exit code and output, waiting at most `timeout` seconds (unscaled)."""
+        """The sweep's exit code and output, waiting at most `timeout` seconds (scaled)."""
         assert self.process is not None
         output, _ = self.process.communicate(timeout=seconds(timeout))  # expired: it hung
         return self.process.returncode, output
@@ -124,7 +124,7 @@ def sweep(slurm_cluster, tmp_path):
 
 
 def wait_for(condition, timeout: float, what: str, poll_s: float = 0.5) -> None:
-    """Poll `condition` until it holds, for at most `timeout` seconds (unscaled)."""
+    """Poll `condition` until it holds, for at most `timeout` seconds (scaled)."""
     deadline = time.monotonic() + seconds(timeout)
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
