@@ -59,7 +59,8 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         if key.startswith("val_")
     ]
     gears = summary["gears"]
-    rows.append(("gears", ", ".join(f"{k}={v}" for k, v in gears.items())))
+    shown = {k: v for k, v in gears.items() if not k.endswith("_reason")}  # in the log instead
+    rows.append(("gears", ", ".join(f"{k}={v}" for k, v in shown.items())))
     for name, value in rows:
         table.add_row(name, value)
     (console or Console()).print(table)

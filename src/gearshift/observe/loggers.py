@@ -64,7 +64,8 @@ class WandbLogger(NullLogger):
                 mode=mode,
                 settings=wandb.Settings(console="off", quiet=True),
             )
-            log.info("W&B run %s (%s)", self.run.name, mode)
+            # offline runs get no name until synced; their id names the folder to sync
+            log.info("W&B run %s (%s)", self.run.name or self.run.id, mode)
         except Exception as error:
             log.warning("W&B is off for this run: %s", error)
 
