@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from gearshift.batch_finder import resolve_batch_size
-from gearshift.config.instantiate import locate
+from gearshift.config.checks import locate
 from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
@@ -195,9 +195,9 @@ class Trainer:
             self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
-        gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
-        workers = f"{gears['num_workers']} ({gears['num_workers_reason']})"
-        log.info("on this machine: amp -> %s; loader workers -> %s", gears["amp_reason"], workers)
+        self.gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
+        workers = f"{self.gears['num_workers']} ({self.gears['num_workers_reason']})"
+        log.info("on this machine: amp -> %s; loader workers -> %s", self.precision.reason, workers)
         log.info(
             "%s on %s, %.2fM parameters, %d steps",
             type(self.model).__name__,
@@ -286,8 +286,8 @@ class Trainer:
         self.model.train()
         keys = sorted(sums)
         local = torch.stack([sums[k].double() for k in keys]).tolist() if keys else []
-        totals, _ = gather_sum_max([*local, count], [], self.device)
-        return self.task.eval_metrics(dict(zip(keys, totals, strict=False)), int(totals[-1]))
+        (*totals, count), _ = gather_sum_max([*local, count], [], self.device)
+        return self.task.eval_metrics(dict(zip(keys, totals, strict=True)), int(count))
 
     def validate(self) -> None:
         if self.val_batches is None:
@@ -387,9 +387,8 @@ class Trainer:
     def summarize(self) -> dict[str, Any]:
         """summary.json (rank 0 writes it), the log line and the closing table."""
         p, world = self.position, self.ranks.world_size
-        gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
         summary = make_summary(
-            self.meter, self.device, world, p.step, p.samples, self.last_loss, gears, self.val
+            self.meter, self.device, world, p.step, p.samples, self.last_loss, self.gears, self.val
         )
         summary |= {
             **self.mfu.summary(summary["samples_per_sec_per_device"]),

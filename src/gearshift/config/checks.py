@@ -188,14 +188,25 @@ def _check_optimizer(cfg: DictConfig) -> None:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
 
+def locate(key: str, target: Any) -> Any:
+    """The class or function `target` names ("module.Name"), or a ConfigError for `key`."""
+    module, _, name = str(target).rpartition(".")
+    try:  # not hydra.utils.get_object: it prints its own multi-line error first
+        found = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        found = None
+    if not callable(found):  # missing, or a module
+        raise ConfigError(
+            f"{key}={target!r} is not allowed; "
+            "expected an importable class or function (module.Name)"
+        )
+    return found
+
+
 def _check_importable(key: str, target: Any, what: str) -> None:
     if not target:
         _fail(key, target, f"name the {what} to build")
-    module, _, name = str(target).rpartition(".")
-    try:
-        getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        _fail(key, target, "expected an importable class or function (module.Name)")
+    locate(key, target)
 
 
 def _check_batch_size(cfg: DictConfig) -> None:

@@ -14,18 +14,7 @@ from typing import Any
 import hydra
 from hydra.errors import InstantiationException
 
-from gearshift.config.checks import ConfigError
-
-
-def locate(key: str, target: Any) -> Any:
-    """The class or function `target` names ("module.Name"), or a ConfigError for `key`."""
-    try:
-        return hydra.utils.get_object(str(target))
-    except Exception:
-        raise ConfigError(
-            f"{key}._target_={target!r} is not allowed; "
-            "expected an importable class or function (module.Name)"
-        ) from None
+from gearshift.config.checks import ConfigError, locate
 
 
 def accepts(fn: Any, name: str) -> bool:
@@ -41,7 +30,7 @@ def instantiate(key: str, node: Mapping[str, Any], **extra: Any) -> Any:
     """`node["_target_"](**other keys, **extra)`; one-line ConfigError naming `key` when
     the target is missing, rejects the arguments, or raises while building."""
     target = node.get("_target_")
-    fn = locate(key, target)
+    fn = locate(f"{key}._target_", target)
     kwargs = {k: v for k, v in node.items() if k != "_target_"} | extra
     try:
         inspect.signature(fn).bind(**kwargs)

@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset
 
 from gearshift.config import ConfigError
-from gearshift.config.instantiate import accepts, instantiate, locate
+from gearshift.config.checks import locate
+from gearshift.config.instantiate import accepts, instantiate
 from gearshift.data.staging import stage
 
 TRAINER_KEYS = ("on_device", "stage_to")
@@ -35,7 +36,7 @@ def build_datasets(data: DictConfig, device: torch.device) -> tuple[Dataset, Dat
     """(train, validation or None) from the data node, on `device` when `data.on_device`."""
     node: dict[str, Any] = OmegaConf.to_container(data, resolve=True)
     on_device, stage_to = (node.pop(key, None) for key in TRAINER_KEYS)
-    source = locate("data", node.get("_target_"))
+    source = locate("data._target_", node.get("_target_"))
     extra: dict[str, Any] = {}
     if on_device:
         if not accepts(source, "device"):

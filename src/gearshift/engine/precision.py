@@ -139,7 +139,12 @@ class AmpChoice:
 
     @property
     def name(self) -> str:
-        return str(self.dtype).removeprefix("torch.") if self.dtype else "off"
+        return amp_name(self.dtype)
+
+
+def amp_name(dtype: torch.dtype | None) -> str:
+    """The resolved amp switch as summary.json's gears name it: "bfloat16", ... or "off"."""
+    return str(dtype).removeprefix("torch.") if dtype else "off"
 
 
 def _choose_on_cpu() -> AmpChoice:

@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.loading import loader_workers, resolve_pin_memory
 from gearshift.data.prefetch import prefetch_active
-from gearshift.engine.precision import Precision
+from gearshift.engine.precision import Precision, amp_name
 from gearshift.models.build import resolve_compile
 from gearshift.observe.metrics import PerfMeter, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
@@ -76,7 +76,7 @@ def resolved_gears(
     if on_device:
         workers, workers_reason = 0, "data.on_device=true: no loader"
     return {
-        "amp": str(precision.dtype).removeprefix("torch.") if precision.dtype else "off",
+        "amp": amp_name(precision.dtype),
         "amp_reason": precision.reason,
         "grad_scaler": precision.scaler.is_enabled(),
         "accum": cfg.accum,
