@@ -31,7 +31,7 @@ from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
-from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
 from gearshift.models.build import build_model, maybe_compile
@@ -172,6 +172,8 @@ class Trainer:
         self.position = self.resume()
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
         self.accum, self.set_to_none = cfg.accum, cfg.optimizer.set_to_none
+        self.clip_grad_norm = cfg.optimizer.clip_grad_norm
+        self.grad_norm: torch.Tensor | None = None  # the last one measured, on the device
         self.log_every, self.warmup_steps = cfg.log_every_n_steps, cfg.warmup_steps
         self.val_every = cfg.val_every_n_steps
         self.checkpoint_every, self.checkpoint_at_end = (
@@ -218,7 +220,7 @@ class Trainer:
                         if not self.train_step(batch):
                             continue  # accumulating: the optimizer steps once per window
                         at_end = p.step == self.total_steps
-                        if p.step % self.log_every == 0 or p.step == self.warmup_steps or at_end:
+                        if self.logs_at(p.step):
                             self.log(self.log_point())
                         if self.stop_agreed if self.ranks.world_size > 1 else self.stop:
                             raise self.stop.stopped(p.step, self.save())
@@ -255,6 +257,9 @@ class Trainer:
         p.batch += 1
         if p.batch <= last:
             return False
+        if self.clip_grad_norm is not None or self.logs_at(p.step + 1):  # else no norm needed
+            self.precision.unscale(self.optimizer)  # fp16: clip and report the true gradients
+            self.grad_norm = clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
         self.precision.step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=self.set_to_none)  # 12
         if self.schedule is not None:
@@ -264,6 +269,10 @@ class Trainer:
         self.meter.step(self.window_samples)
         self.window_samples = 0
         return True
+
+    def logs_at(self, step: int) -> bool:
+        """Whether the loop logs after optimizer step `step`."""
+        return step % self.log_every == 0 or step in (self.warmup_steps, self.total_steps)
 
     def place(self, batch: Any, train: bool = False) -> tuple[Any, Any]:
         """The batch on the device in the model's layout (7, 16), normalised and augmented there."""
@@ -302,7 +311,8 @@ class Trainer:
 
     def log_point(self) -> dict[str, float]:
         """The metrics of the interval since the last log step: the loop's one host sync."""
-        loss_total = self.loss_sum.item()
+        readings = [self.loss_sum] if self.grad_norm is None else [self.loss_sum, self.grad_norm]
+        loss_total, *grad_norm = torch.stack(readings).tolist()  # one read for both
         self.loss_sum.zero_()
         interval = self.meter.flush()
         peak_bytes, _ = peak_memory(self.device)
@@ -323,6 +333,8 @@ class Trainer:
             "mem/peak_gib": peak_bytes / 2**30,
             **memory_metrics(self.device),
         }
+        if grad_norm:  # this step's, before clipping; the same on every rank
+            metrics["train/grad_norm"] = grad_norm[0]
         if self.precision.scaler.is_enabled():
             metrics["amp/grad_scale"] = self.precision.grad_scale()
             metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)

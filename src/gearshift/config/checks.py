@@ -184,6 +184,9 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if cfg.optimizer.weight_decay < 0:
         _fail("optimizer.weight_decay", cfg.optimizer.weight_decay, "expected a number >= 0")
     _check_int(cfg, "optimizer.lr_warmup_steps", 0)
+    clip = cfg.optimizer.clip_grad_norm
+    if clip is not None and not clip > 0:
+        _fail("optimizer.clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
     if cfg.optimizer.fused and cfg.optimizer.foreach:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
