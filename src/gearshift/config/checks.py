@@ -37,11 +37,13 @@ SOURCES = {
     "gearshift.data.images.cifar10": "cifar10",
 }
 CHECK_IMAGES = ("header", "decode", "off")
+DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py)
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
     "path": None,
     "stage_to": None,
     "download": False,
+    "decode": "host",
     "augment": False,
     "mean": None,
     "std": None,
@@ -134,6 +136,8 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
         _fail("data.val_fraction", data.val_fraction, "expected a number >= 0 and < 1")
     if name == "imagefolder":
         _check_choice(cfg, "data.check_images", CHECK_IMAGES)
+        _check_choice(cfg, "data.decode", DECODES)
+        _check_gpu_decode(cfg)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
         _fail(
@@ -159,6 +163,20 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
             _fail(
                 "data.stage_to", data.stage_to, "it lies inside data.path; choose a folder outside"
             )
+
+
+def _check_gpu_decode(cfg: DictConfig) -> None:
+    """data.decode=gpu decodes with nvJPEG on the training device: a CUDA one."""
+    import torch
+
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.data.decode == "gpu" and on_cpu:
+        _fail(
+            "data.decode",
+            "gpu",
+            "it decodes JPEGs on a CUDA device and this run trains on the CPU; "
+            "use data.decode=host (the loader's workers decode)",
+        )
 
 
 def _check_normalisation(data: DictConfig) -> None:
