@@ -6,12 +6,14 @@ the same files; the tests marked `gpu` check the CUDA path (scripts/gpu_check.sh
 from __future__ import annotations
 
 import re
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import SyncCounter, make_cfg
+from helpers import SyncCounter, make_cfg, seconds
 from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
@@ -190,6 +192,63 @@ def test_fit_trains_on_device_decoded_batches(tmp_path):
     assert summary["gears"]["data_decode"] == "gpu"
     assert summary["steps"] == 4 and summary["samples"] == 4 * 6
     assert np.isfinite(summary["final_loss"]) and summary["val_accuracy"] is not None
+
+
+def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_with_the_loop(
+    tmp_path,
+):
+    write_jpegs(tmp_path, per_class=2)
+    paths = sorted(str(p) for p in tmp_path.glob("c*/*.jpg"))
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(Path(paths[0]).read_bytes()[:200] + bytes(range(256)) * 2)
+    dataset = JpegFiles(
+        [(p, i) for i, p in enumerate(paths)], ["c0"], SIZE, 3, False, None, None, False
+    )
+
+    def batch(files: list[str], first_label: int):
+        samples = [
+            (
+                (torch.frombuffer(bytearray(Path(f).read_bytes()), dtype=torch.uint8), f),
+                first_label + i,
+            )
+            for i, f in enumerate(files)
+        ]
+        return collate_jpegs(samples)
+
+    good = [batch(paths[i : i + 2], i) for i in range(0, 6, 2)]
+    decoded = DeviceDecodedBatches(good, dataset, CPU, torch.contiguous_format, False, 0)
+    assert [labels.tolist() for _, labels in decoded] == [[0, 1], [2, 3], [4, 5]]  # in order
+
+    def decoding_threads() -> int:
+        return sum(t.name == "jpeg-decode" and t.is_alive() for t in threading.enumerate())
+
+    with_error = [good[0], good[1], batch([paths[4], str(broken)], 4), good[2]]
+    seen = []
+    with pytest.raises(DamagedJpeg, match=re.escape(f"cannot decode image {broken}: ")):
+        for _, labels in DeviceDecodedBatches(
+            with_error, dataset, CPU, torch.contiguous_format, False, 0
+        ):
+            seen.append(labels.tolist())
+    assert seen == [[0, 1], [2, 3]]  # the batches before the damaged one, then its error
+    assert decoding_threads() == 0
+
+    taken = []
+
+    def source():
+        for i, b in enumerate(good * 4):
+            taken.append(i)
+            yield b
+
+    iterator = iter(DeviceDecodedBatches(source(), dataset, CPU, torch.contiguous_format, False, 0))
+    next(iterator)
+    deadline = time.monotonic() + seconds(10)
+    while len(taken) < 1 + DeviceDecodedBatches.AHEAD and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    # decoded ahead while the loop holds batch 0: AHEAD queued, one more waiting for room
+    assert 1 + DeviceDecodedBatches.AHEAD <= len(taken) <= 2 + DeviceDecodedBatches.AHEAD
+    iterator.close()  # the loop stops early (max_steps): the thread stops too
+    assert decoding_threads() == 0 and len(taken) < 12
 
 
 # ---------------------------------------------------------------- bad input

@@ -7,7 +7,8 @@ the images' sizes). `DeviceDecodedBatches` then decodes each batch with one call
 host path does (shorter side to `data.image_size`, centre crop), and, batch-wide on the
 device, adds the host path's augmentation (`data.augment`: padded random crop, flip), the
 scaling to [0, 1] and the normalisation by `data.mean`/`data.std`, in the layout the
-`memory_format` gear asks for. The trainer then sees batches already on the device.
+`memory_format` gear asks for, in a thread of its own a few batches ahead of the training
+loop (on CUDA on a side stream). The trainer then sees batches already on the device.
 
 Only JPEGs can be decoded this way: while indexing, `find_non_jpegs` reads the first bytes
 of every file and a non-JPEG (a PNG, an HTML page saved as .jpg) stops the run before it
@@ -24,9 +25,11 @@ still works there, and `decode_batch` is the one place that calls it.
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
+import queue
 import re
+import threading
 import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,8 +43,6 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
 from gearshift.data.device_transforms import DeviceTransforms
-
-log = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker, then the first segment's marker
 READ_MODES = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}  # data.channels -> decode mode
@@ -197,7 +198,18 @@ def resize_crop(images: Sequence[torch.Tensor], size: int) -> torch.Tensor:
 
 class DeviceDecodedBatches:
     """Batches of JPEG bytes from `batches` (a loader over `JpegFiles`), yielded decoded,
-    resized, augmented and normalised on `device`, with the labels there too."""
+    resized, augmented and normalised on `device`, with the labels there too.
+
+    A thread of its own decodes up to AHEAD batches ahead of the training loop: nvJPEG
+    holds the calling thread until its batch is decoded, and on a CUDA device that thread
+    issues its work on a side stream, so decoding overlaps the training step instead of
+    stalling it (and the loop's data wait measures only real waiting). Before a batch is
+    handed out, the loop's stream waits for its decoding (an event, no host sync), and its
+    tensors are marked as used there (`record_stream`), as in data/prefetch.py. An error
+    while decoding (a damaged file) is raised in the loop's thread, in order.
+    """
+
+    AHEAD = 2
 
     def __init__(
         self,
@@ -234,9 +246,63 @@ class DeviceDecodedBatches:
         return self.finish(images, self.train)  # uint8 in: always scaled, laid out
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for encoded, labels in self.batches:
-            labels = labels.to(self.device, non_blocking=self.non_blocking)
-            yield self.decode(encoded), labels
+        ready: queue.Queue = queue.Queue(maxsize=self.AHEAD)
+        stop = threading.Event()
+        side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        thread = threading.Thread(
+            target=self._decode_ahead, args=(ready, stop, side), name="jpeg-decode", daemon=True
+        )
+        thread.start()
+        try:
+            while (item := ready.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                images, labels, decoded = item
+                if decoded is not None:  # CUDA: the loop's stream waits for the side stream
+                    compute = torch.cuda.current_stream(self.device)
+                    compute.wait_event(decoded)
+                    images.record_stream(compute)
+                    labels.record_stream(compute)
+                yield images, labels
+        finally:  # the loop ended or stopped early: let the thread finish and go
+            stop.set()
+            while thread.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    ready.get(timeout=0.05)  # room for a put that is waiting
+            thread.join()
+
+    def _decode_ahead(
+        self, ready: queue.Queue, stop: threading.Event, side: torch.cuda.Stream | None
+    ) -> None:
+        def put(item) -> bool:
+            while not stop.is_set():
+                with contextlib.suppress(queue.Full):
+                    ready.put(item, timeout=0.05)
+                    return True
+            return False
+
+        on_side = (
+            (torch.cuda.device(self.device), torch.cuda.stream(side)) if side is not None else ()
+        )
+        try:
+            with contextlib.ExitStack() as stack:
+                for context in on_side:
+                    stack.enter_context(context)
+                for encoded, labels in self.batches:
+                    labels = labels.to(self.device, non_blocking=self.non_blocking)
+                    images = self.decode(encoded)
+                    decoded = None
+                    if side is not None:
+                        decoded = torch.cuda.Event()
+                        decoded.record(side)
+                    if not put((images, labels, decoded)):
+                        return
+            put(_END)
+        except BaseException as error:  # handed to the loop's thread, which raises it
+            put(error)
+
+
+_END = object()  # the decoding thread's last item: the epoch is over
 
 
 def decoded_on_device(

@@ -244,6 +244,7 @@ def _jpeg_files(
             f"data.decode='gpu' is not allowed; {not_jpeg[0][0]} is {not_jpeg[0][1]}{more}, "
             "and the device decodes JPEGs only; convert it or use data.decode=host"
         )
+    log.info("data: the loader's workers read JPEG bytes; the training device decodes them")
     options = (data.image_size, data.channels, data.augment, data.mean, data.std)
     sets = [
         JpegFiles(samples, classes, *options, train=t)
