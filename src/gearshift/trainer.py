@@ -32,7 +32,7 @@ from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
 from gearshift.engine.failures import TrainingFailed
-from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
 from gearshift.models.build import build_model, maybe_compile
@@ -180,6 +180,8 @@ class Trainer:
         self.position = self.resume()
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
         self.accum, self.set_to_none = cfg.accum, cfg.optimizer.set_to_none
+        self.clip_grad_norm = cfg.optimizer.clip_grad_norm
+        self.grad_norm: torch.Tensor | None = None  # the last one measured, on the device
         self.log_every, self.warmup_steps = cfg.log_every_n_steps, cfg.warmup_steps
         self.val_every = cfg.val_every_n_steps
         self.checkpoint_every, self.checkpoint_at_end = (
@@ -230,7 +232,7 @@ class Trainer:
                             continue  # accumulating: the optimizer steps once per window
                         self.profiler.after_step(p.step)
                         at_end = p.step == self.total_steps
-                        if p.step % self.log_every == 0 or p.step == self.warmup_steps or at_end:
+                        if self.logs_at(p.step):
                             self.log(self.log_point())
                         if self.stop_agreed if self.ranks.world_size > 1 else self.stop:
                             raise self.stop.stopped(p.step, self.save())
@@ -273,6 +275,9 @@ class Trainer:
         if p.batch <= last:
             return False
         if self.losses.update_allowed():  # on_nonfinite=skip: False for a NaN/inf loss
+            if self.clip_grad_norm is not None or self.logs_at(p.step + 1):  # else no norm needed
+                self.precision.unscale(self.optimizer)  # fp16: clip and report the true gradients
+                self.grad_norm = clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
             self.precision.step(self.optimizer)
         elif self.ranks.is_zero:
             log.warning("step %d: non-finite loss, update skipped (on_nonfinite=skip)", p.step + 1)
@@ -284,6 +289,10 @@ class Trainer:
         self.meter.step(self.window_samples)
         self.window_samples = 0
         return True
+
+    def logs_at(self, step: int) -> bool:
+        """Whether the loop logs after optimizer step `step`."""
+        return step % self.log_every == 0 or step in (self.warmup_steps, self.total_steps)
 
     def place(self, batch: Any, train: bool = False) -> tuple[Any, Any]:
         """The batch on the device in the model's layout (7, 16), normalised and augmented there."""
@@ -322,7 +331,8 @@ class Trainer:
 
     def log_point(self) -> dict[str, float]:
         """The metrics of the interval since the last log step: the loop's one host sync."""
-        loss_total, first_bad, skipped = self.losses.read()
+        extra = [] if self.grad_norm is None else [self.grad_norm]
+        loss_total, first_bad, skipped, grad_norm = self.losses.read(extra)  # one read for all
         interval = self.meter.flush()
         peak_bytes, _ = peak_memory(self.device)
         world = self.ranks.world_size
@@ -347,6 +357,8 @@ class Trainer:
             "mem/peak_gib": peak_bytes / 2**30,
             **memory_metrics(self.device),
         }
+        if grad_norm:  # this step's, before clipping; the same on every rank
+            metrics["train/grad_norm"] = grad_norm[0]
         if self.precision.scaler.is_enabled():
             metrics["amp/grad_scale"] = self.precision.grad_scale()
             metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)

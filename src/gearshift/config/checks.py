@@ -38,11 +38,13 @@ SOURCES = {
     "gearshift.data.images.cifar10": "cifar10",
 }
 CHECK_IMAGES = ("header", "decode", "off")
+DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py)
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
     "path": None,
     "stage_to": None,
     "download": False,
+    "decode": "host",
     "augment": False,
     "mean": None,
     "std": None,
@@ -135,6 +137,8 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
         _fail("data.val_fraction", data.val_fraction, "expected a number >= 0 and < 1")
     if name == "imagefolder":
         _check_choice(cfg, "data.check_images", CHECK_IMAGES)
+        _check_choice(cfg, "data.decode", DECODES)
+        _check_gpu_decode(cfg)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
         _fail(
@@ -162,6 +166,20 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
             )
 
 
+def _check_gpu_decode(cfg: DictConfig) -> None:
+    """data.decode=gpu decodes with nvJPEG on the training device: a CUDA one."""
+    import torch
+
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.data.decode == "gpu" and on_cpu:
+        _fail(
+            "data.decode",
+            "gpu",
+            "it decodes JPEGs on a CUDA device and this run trains on the CPU; "
+            "use data.decode=host (the loader's workers decode)",
+        )
+
+
 def _check_normalisation(data: DictConfig) -> None:
     if (data.mean is None) != (data.std is None):
         _fail(
@@ -185,6 +203,9 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if cfg.optimizer.weight_decay < 0:
         _fail("optimizer.weight_decay", cfg.optimizer.weight_decay, "expected a number >= 0")
     _check_int(cfg, "optimizer.lr_warmup_steps", 0)
+    clip = cfg.optimizer.clip_grad_norm
+    if clip is not None and not clip > 0:
+        _fail("optimizer.clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
     if cfg.optimizer.fused and cfg.optimizer.foreach:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 

@@ -79,6 +79,7 @@ class OptimizerConfig:
     set_to_none: bool = False
     schedule: str = "cosine"  # constant | cosine
     lr_warmup_steps: int = 0
+    clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
 
 
 @dataclass

@@ -55,13 +55,15 @@ class LossWatch:
         self.window.zero_()
         return not bad
 
-    def read(self) -> tuple[float, int | None, int]:
+    def read(self, extra: list[torch.Tensor]) -> tuple[float, int | None, int, list[float]]:
         """At a log step: (the loss summed since the last read, the first step whose loss
-        was not finite or None, the steps skipped since the last read). One host read."""
-        total, first_bad = torch.stack([self.sum.double(), self.first_bad.double()]).tolist()
+        was not finite or None, the steps skipped since the last read, the values of the
+        `extra` scalars). One host read for all of them."""
+        readings = [self.sum, self.first_bad, *extra]
+        total, first_bad, *values = torch.stack([t.double() for t in readings]).tolist()
         self.sum.zero_()
         skipped, self.skipped_since_read = self.skipped_since_read, 0
-        return total, None if first_bad >= NONE else int(first_bad), skipped
+        return total, None if first_bad >= NONE else int(first_bad), skipped, values
 
     def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:
         """Before a checkpoint: (the first step whose loss was not finite or None, whether
