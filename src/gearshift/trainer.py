@@ -364,6 +364,8 @@ class Trainer:
         if self.precision.scaler.is_enabled():
             metrics["amp/grad_scale"] = self.precision.grad_scale()
             metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)
+        if self.losses.skip:  # on_nonfinite=skip: counted on the host as the steps are decided
+            metrics["train/nonfinite_skipped_steps"] = self.losses.skipped
         self.progress.update(
             self.bar,
             completed=self.position.step,
