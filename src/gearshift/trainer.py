@@ -192,7 +192,9 @@ class Trainer:
         self.meter = PerfMeter(device, cfg.warmup_steps)
         self.profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
         self.meter.leave_out(self.profiler.window)  # the profiled steps run slower
-        self.losses = LossWatch(cfg.on_nonfinite, device)  # summed on the device, read at log steps
+        self.losses = LossWatch(
+            cfg.on_nonfinite, device, cfg.log_every_n_steps
+        )  # read at log steps
         self.window_samples = 0
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
