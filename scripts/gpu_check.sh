@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks on a machine with one NVIDIA GPU, in a few minutes:
 #   1. the gpu-marked tests (fp16 + GradScaler, bf16, channels_last, pinned copies, compile,
+#      the memory snapshot and the out-of-memory line, a CUDA profile,
 #      peak CUDA memory, no host syncs between log steps);
 #   2. a 1-GPU NCCL process group with DDP around a model (one step);
 #   3. a gear ablation of resnet50 at 224x224 on synthetic data (the baseline, each gear
@@ -24,7 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
 echo "== gpu tests"
 "$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_pipeline.py tests/test_gpu_decode.py \
-  -p no:cacheprovider
+  tests/test_nonfinite.py tests/test_profile.py -p no:cacheprovider
 
 echo "== NCCL process group (1 rank) + DDP step"
 "$PY" - <<'PY'

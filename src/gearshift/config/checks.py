@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
+ON_NONFINITE = ("stop", "skip")
 # The built-in data sources by their _target_, with the names their conf/data files have;
 # their values are checked here, before any run folder exists. A source of your own is
 # checked by its own code when it builds the datasets.
@@ -36,6 +38,8 @@ SOURCES = {
     "gearshift.data.images.image_folder": "imagefolder",
     "gearshift.data.images.cifar10": "cifar10",
 }
+# Sources whose files another config module checks (config/token_files.py), by _target_.
+SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 CHECK_IMAGES = ("header", "decode", "off")
 DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py)
 # Data keys that only act on data read from disk, with their do-nothing values.
@@ -99,6 +103,9 @@ def _check_data(cfg: DictConfig) -> None:
     target = cfg.data.get("_target_")
     if not target:
         _fail("data._target_", target, "name the source: a function that returns the datasets")
+    if target in SOURCE_CHECKS:
+        SOURCE_CHECKS[target](cfg)
+        return
     name = SOURCES.get(target)
     if name is None:
         return  # a source of your own: its code checks its values when it builds the data
@@ -286,6 +293,20 @@ def _check_distributed(cfg: DictConfig) -> None:
         )
 
 
+def _check_profile(cfg: DictConfig) -> None:
+    import torch
+
+    for key, minimum in (("wait", 0), ("warmup", 0), ("active", 1)):
+        _check_int(cfg, f"profile.{key}", minimum)
+    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.profile.memory_snapshot and cpu:
+        _fail(
+            "profile.memory_snapshot",
+            True,
+            "it records the CUDA allocator's history; this run trains on the CPU",
+        )
+
+
 def _check_resume(resume: str | None) -> None:
     if resume not in (None, "auto") and not Path(resume).is_file():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
@@ -312,6 +333,8 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
+    _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
+    _check_profile(cfg)
     _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)
