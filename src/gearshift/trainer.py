@@ -479,7 +479,7 @@ class Trainer:
             "profile": self.profiler.finish(),
             "nonfinite_skipped_steps": self.losses.skipped,
         }
-        self.profiler.send(self.logger, p.step)
+        self.profiler.report(self.logger, p.step)
         if self.ranks.is_zero:
             write_json_atomic(self.run_dir / "summary.json", summary)
             log_summary(summary)
