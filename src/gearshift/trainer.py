@@ -33,7 +33,12 @@ from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
 from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import Precision, resolve_amp
-from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.engine.runtime import (
+    configure_backends,
+    configure_determinism,
+    resolve_device,
+    seed_everything,
+)
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
 from gearshift.observe.console import print_summary, progress_bar
@@ -117,10 +122,13 @@ class Trainer:
     ) -> None:
         self.run_dir, self.run_name, self.ranks, self.strategy = run_dir, run_name, ranks, strategy
         self.device = device
+        configure_determinism(cfg.deterministic)  # first: before CUDA starts (cuBLAS)
         if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
             torch.cuda.reset_peak_memory_stats(device)
         seed_everything(cfg.seed)
-        configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
+        configure_backends(  # 15, TF32
+            device, cfg.cudnn_benchmark, cfg.matmul_precision, cfg.deterministic
+        )
         amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
         if device.type == "cpu" and strategy in ("ddp", "fsdp"):
             amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
@@ -192,7 +200,9 @@ class Trainer:
         if (finished := self.finished_summary()) is not None:
             return RunResult(self.model, self.optimizer, finished, Interval())
         if self.ranks.is_zero:
-            self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
+            self.logger = build_logger(
+                self.cfg.logger, self.run_dir, self.config, self.run_name, self.position.step
+            )
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
         self.gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
