@@ -15,12 +15,19 @@ from gearshift.observe.metrics import PerfMeter
 from gearshift.trainer import fit
 
 
-def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(tmp_path):
+def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
+    tmp_path, monkeypatch
+):
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):  # W&B offline, as in CI
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
     # An MLP at a batch that makes its matmuls the heaviest ops; 8 steps: 1 warm-up, 1 wait,
     # then the profiler's warm-up step and 2 active ones (steps 4 and 5).
     cfg = make_cfg(
         "model=mlp", "profile=on", "batch_size=128", "max_steps=8", "warmup_steps=1",
         "profile.wait=1", "profile.warmup=1", "profile.active=2", "log_every_n_steps=4",
+        "logger=wandb",
     )  # fmt: skip
     result = fit(cfg, tmp_path)
     summary = result.summary
@@ -49,6 +56,12 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(t
     assert not any(line.startswith("ProfilerStep") for line in ops)
     self_ms = [float(line.split()[-3]) for line in ops[1:]]
     assert self_ms == sorted(self_ms, reverse=True)
+
+    # W&B (offline) got the same table
+    [table_file] = tmp_path.glob("wandb/offline-run-*/files/media/table/profile/ops_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["operator", "calls", "self CPU ms", "total ms", "self %"]
+    assert len(table["data"]) == len(ops) - 1 and table["data"][0][0] == ops[1].split()[0]
 
 
 def test_meter_leaves_out_a_window_of_steps():

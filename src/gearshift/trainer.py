@@ -376,6 +376,8 @@ class Trainer:
         if self.precision.scaler.is_enabled():
             metrics["amp/grad_scale"] = self.precision.grad_scale()
             metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)
+        if self.losses.skip:  # on_nonfinite=skip: counted on the host as the steps are decided
+            metrics["train/nonfinite_skipped_steps"] = self.losses.skipped
         self.progress.update(
             self.bar,
             completed=self.position.step,
@@ -485,6 +487,7 @@ class Trainer:
             "profile": self.profiler.finish(),
             "nonfinite_skipped_steps": self.losses.skipped,
         }
+        self.profiler.send(self.logger, p.step)
         if self.ranks.is_zero:
             write_json_atomic(self.run_dir / "summary.json", summary)
             log_summary(summary)

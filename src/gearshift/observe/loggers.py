@@ -53,6 +53,12 @@ class NullLogger:
     def finish(self, summary: dict[str, Any] | None = None) -> None:
         pass
 
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A table (the profiler's operators); a backend without tables ignores it."""
+
+    def log_file(self, path: Path, name: str, kind: str) -> None:
+        """A file worth keeping with the run (the profiler's trace); W&B uploads it online."""
+
 
 class Backend(NullLogger):
     """One backend. Its first failure, at start or later, is one warning and turns it off
@@ -90,7 +96,7 @@ class WandbLogger(Backend):
 
     def __init__(self, cfg: DictConfig, run_dir: Path, config: dict, name: str | None) -> None:
         self.run = None
-        mode = wandb_mode(cfg.mode)
+        mode = self.mode = wandb_mode(cfg.mode)
 
         def start() -> None:
             import wandb
@@ -113,6 +119,27 @@ class WandbLogger(Backend):
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._guarded("log", lambda: self.run.log(metrics, step=step))
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        def send() -> None:
+            import wandb
+
+            self.run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
+
+        self._guarded("table", send)
+
+    def log_file(self, path: Path, name: str, kind: str) -> None:
+        if self.mode != "online":  # offline, the file is in the run folder already
+            return
+
+        def upload() -> None:
+            import wandb
+
+            artifact = wandb.Artifact(name, type=kind)
+            artifact.add_file(str(path))
+            self.run.log_artifact(artifact)
+
+        self._guarded("artifact", upload)
 
     def close(self, summary: dict[str, Any] | None) -> None:
         self.run.summary.update(summary or {})
@@ -202,6 +229,14 @@ class Loggers(NullLogger):
     def log(self, metrics: dict[str, float], step: int) -> None:
         for backend in self.backends:
             backend.log(metrics, step)
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        for backend in self.backends:
+            backend.log_table(key, columns, rows, step)
+
+    def log_file(self, path: Path, name: str, kind: str) -> None:
+        for backend in self.backends:
+            backend.log_file(path, name, kind)
 
     def finish(self, summary: dict[str, Any] | None = None) -> None:
         for backend in self.backends:
