@@ -40,6 +40,7 @@ from gearshift.engine.runtime import (
     resolve_device,
     seed_everything,
 )
+from gearshift.models.blocks import model_blocks
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
 from gearshift.observe.console import print_summary, progress_bar
@@ -176,7 +177,8 @@ class Trainer:
             self.memory_format, strategy,
         )  # fmt: skip
         compiled = maybe_compile(self.model, cfg.compile, device)  # 8
-        self.forward = wrap_model(compiled, strategy, device, cfg.distributed)  # 18
+        blocks = model_blocks(self.model)  # FSDP's units
+        self.forward = wrap_model(compiled, strategy, device, cfg.distributed, blocks)  # 18
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.batches_per_epoch = len(self.train_batches)
         self.total_steps = cfg.max_steps or cfg.epochs * math.ceil(
@@ -487,7 +489,7 @@ class Trainer:
             "profile": self.profiler.finish(),
             "nonfinite_skipped_steps": self.losses.skipped,
         }
-        self.profiler.send(self.logger, p.step)
+        self.profiler.report(self.logger, p.step)
         if self.ranks.is_zero:
             write_json_atomic(self.run_dir / "summary.json", summary)
             log_summary(summary)

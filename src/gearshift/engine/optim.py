@@ -31,9 +31,11 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
 
     Call it on true gradients: under fp16, after the GradScaler has unscaled them. Under DDP
     every rank holds the all-reduced gradients, so its norm is the global one already. Under
-    FSDP each rank holds DTensor shards and torch returns the norm as a DTensor still to be
-    reduced across ranks; `full_tensor()` all-reduces it, so every rank clips with (and
-    reports) the norm over all shards, not its own shard's.
+    FSDP each rank holds DTensor shards: torch (2.14) reduces the shards' partial norms
+    across ranks inside get_total_norm and returns a replicated DTensor, which
+    `full_tensor()` turns into a plain tensor (no further communication) for clipping and
+    logging. So every rank clips with the norm over all shards, never its own shard's
+    (tests/test_distributed.py checks both against one process).
     """
     parameters = [p for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
