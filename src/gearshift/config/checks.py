@@ -28,6 +28,7 @@ LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
+ON_NONFINITE = ("stop", "skip")
 # The built-in data sources by their _target_, with the names their conf/data files have;
 # their values are checked here, before any run folder exists. A source of your own is
 # checked by its own code when it builds the datasets.
@@ -41,11 +42,13 @@ CHECK_IMAGES = ("header", "decode", "off")
 BATCH_DTYPES = ("uint8", "float32")  # data/images.py host_transform
 DECODERS = ("auto", "pil", "torchvision", "simplejpeg")  # data/decode.py
 STAGE_FORMATS = ("copy", "jpeg", "raw")  # data/resized.py
+DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py)
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
     "path": None,
     "stage_to": None,
     "download": False,
+    "decode": "host",
     "augment": False,
     "mean": None,
     "std": None,
@@ -141,6 +144,8 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
         _fail("data.val_fraction", data.val_fraction, "expected a number >= 0 and < 1")
     if name == "imagefolder":
         _check_choice(cfg, "data.check_images", CHECK_IMAGES)
+        _check_choice(cfg, "data.decode", DECODES)
+        _check_gpu_decode(cfg)
         _check_decoding(data)
     _check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
@@ -180,6 +185,12 @@ def _check_decoding(data: DictConfig) -> None:
             "simplejpeg is not installed; pip install 'gearshift[jpeg]' or choose auto",
         )
     _check_choice(data, "stage_format", STAGE_FORMATS, "data.")
+    if data.stage_format != "copy" and data.decode == "gpu":
+        _fail(
+            "data.stage_format",
+            data.stage_format,
+            "data.decode=gpu reads the source JPEGs; use stage_format=copy with it",
+        )
     if data.stage_format != "copy" and not data.stage_to:
         _fail(
             "data.stage_format",
@@ -188,6 +199,20 @@ def _check_decoding(data: DictConfig) -> None:
         )
     if not (isinstance(data.stage_quality, int) and 1 <= data.stage_quality <= 100):
         _fail("data.stage_quality", data.stage_quality, "expected an integer from 1 to 100")
+
+
+def _check_gpu_decode(cfg: DictConfig) -> None:
+    """data.decode=gpu decodes with nvJPEG on the training device: a CUDA one."""
+    import torch
+
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.data.decode == "gpu" and on_cpu:
+        _fail(
+            "data.decode",
+            "gpu",
+            "it decodes JPEGs on a CUDA device and this run trains on the CPU; "
+            "use data.decode=host (the loader's workers decode)",
+        )
 
 
 def _check_normalisation(data: DictConfig) -> None:
@@ -213,6 +238,9 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if cfg.optimizer.weight_decay < 0:
         _fail("optimizer.weight_decay", cfg.optimizer.weight_decay, "expected a number >= 0")
     _check_int(cfg, "optimizer.lr_warmup_steps", 0)
+    clip = cfg.optimizer.clip_grad_norm
+    if clip is not None and not clip > 0:
+        _fail("optimizer.clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
     if cfg.optimizer.fused and cfg.optimizer.foreach:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
@@ -294,6 +322,20 @@ def _check_distributed(cfg: DictConfig) -> None:
         )
 
 
+def _check_profile(cfg: DictConfig) -> None:
+    import torch
+
+    for key, minimum in (("wait", 0), ("warmup", 0), ("active", 1)):
+        _check_int(cfg, f"profile.{key}", minimum)
+    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.profile.memory_snapshot and cpu:
+        _fail(
+            "profile.memory_snapshot",
+            True,
+            "it records the CUDA allocator's history; this run trains on the CPU",
+        )
+
+
 def _check_resume(resume: str | None) -> None:
     if resume not in (None, "auto") and not Path(resume).is_file():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
@@ -320,6 +362,8 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
+    _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
+    _check_profile(cfg)
     _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)

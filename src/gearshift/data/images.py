@@ -31,6 +31,7 @@ from torchvision.transforms import v2
 
 from gearshift.config import ConfigError
 from gearshift.data.decode import centre_square, choose_decoder
+from gearshift.data.gpu_decode import JpegFiles, find_non_jpegs
 from gearshift.data.resized import stage_resized
 from gearshift.data.staging import file_lock, stage
 
@@ -205,9 +206,7 @@ def find_bad_images(paths: Sequence[str], how: str) -> list[tuple[str, str]]:
     return [(path, problem) for path, problem in zip(paths, problems, strict=True) if problem]
 
 
-def image_folder_datasets(
-    data: SimpleNamespace, root: Path
-) -> tuple[ImageFiles, ImageFiles | None]:
+def image_folder_datasets(data: SimpleNamespace, root: Path) -> tuple[Dataset, Dataset | None]:
     """`root`/train/<class>/... (+ `root`/val/<class>/...) or `root`/<class>/... split by ratio."""
     train_root = root / "train" if (root / "train").is_dir() else root
     classes, train = index_class_folders(train_root)
@@ -246,6 +245,8 @@ def image_folder_datasets(
         len(classes),
         root,
     )
+    if data.decode == "gpu":  # workers read bytes, the device decodes (data/gpu_decode.py)
+        return _jpeg_files(data, classes, train, val)
     read, gears = image_reader(data, [path for path, _ in train + val])
     train_set = ImageFiles(train, classes, data, True, read, gears)
     return train_set, (ImageFiles(val, classes, data, False, read, gears) if val else None)
@@ -264,6 +265,25 @@ def image_reader(
     decoder, reason = choose_decoder(data.decoder, paths, data.channels, data.image_size)
     log.info("data: decoding with %s (%s)", decoder.name, reason)
     return decoder, gears | {"decoder": decoder.name, "decoder_reason": reason}
+
+
+def _jpeg_files(
+    data: SimpleNamespace, classes: list[str], train: list, val: list
+) -> tuple[JpegFiles, JpegFiles | None]:
+    not_jpeg = find_non_jpegs([path for path, _ in train + val])
+    if not_jpeg:
+        more = f" ({len(not_jpeg)} non-JPEG files in all)" if len(not_jpeg) > 1 else ""
+        raise ConfigError(
+            f"data.decode='gpu' is not allowed; {not_jpeg[0][0]} is {not_jpeg[0][1]}{more}, "
+            "and the device decodes JPEGs only; convert it or use data.decode=host"
+        )
+    log.info("data: the loader's workers read JPEG bytes; the training device decodes them")
+    options = (data.image_size, data.channels, data.augment, data.mean, data.std)
+    sets = [
+        JpegFiles(samples, classes, *options, train=t)
+        for samples, t in ((train, True), (val, False))
+    ]
+    return sets[0], (sets[1] if val else None)
 
 
 def _subset(samples: list, limit: int | None, seed: int) -> list:
@@ -380,10 +400,12 @@ def image_folder(
     stage_quality: int = 90,
     batch_dtype: str = "uint8",
     decoder: str = "auto",
-) -> tuple[ImageFiles, ImageFiles | None]:
+    decode: str = "host",
+) -> tuple[Dataset, Dataset | None]:
     """`data=imagefolder`: (train, validation or None) from a folder of class folders,
     staged to local disk first when `stage_to` is set (tip 1): the folder as it is
-    (`stage_format=copy`), or every image pre-resized (`jpeg`, `raw`: resized.py)."""
+    (`stage_format=copy`), or every image pre-resized (`jpeg`, `raw`: resized.py);
+    `decode="gpu"` hands the files' bytes over for decoding on the device (gpu_decode.py)."""
     options = SimpleNamespace(**locals())  # the keys, as the data node names them
     root = Path(path).expanduser()
     if stage_to and stage_format == "copy":
