@@ -18,7 +18,15 @@ from test_datasets import CPU, folder_cfg, run_dir, write_cifar
 from torch import nn
 
 from gearshift.config import ConfigError, check_config
-from gearshift.data.decode import JPEG_DECODERS, ImageDecoder, UnreadableImage, installed
+from gearshift.data import decode
+from gearshift.data.decode import (
+    JPEG_DECODERS,
+    ImageDecoder,
+    UnreadableImage,
+    choose_decoder,
+    installed,
+    time_decoders,
+)
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_data
 from gearshift.data.resized import RAW_FILE
@@ -132,7 +140,7 @@ def test_training_on_uint8_batches_feeds_the_model_normalised_channels_last_floa
     assert all(x.min() < -0.5 and x.max() > 1.0 for x in first)  # normalised, not [0, 1]
     gears = summary["gears"]
     assert gears["data_batch_dtype"] == "uint8" and gears["num_workers"] == 2
-    assert gears["decoder"] in JPEG_DECODERS and "ms per image" in gears["decoder_reason"]
+    assert gears["decoder"] in JPEG_DECODERS and "auto: the fastest" in gears["decoder_reason"]
 
 
 # ---------------------------------------------------------------- decoders
@@ -153,6 +161,24 @@ def test_every_decoder_gives_the_pixels_pil_gives(tmp_path, size):
         assert (image.float() - reference.flip(2)).abs().mean() > 10  # the bound means something
     gray = ImageDecoder("torchvision", 1, 16)(str(tmp_path / "a.jpg"))
     assert gray.shape == (1, 16, 16)
+
+
+def test_auto_takes_the_decoder_measured_fastest_for_the_source_size(tmp_path, monkeypatch):
+    for name, size in (("small", (20, 28)), ("large", (40, 52))):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.fromarray(photo(*size, seed=i)).save(tmp_path / name / f"{i}.jpg")
+    files = {name: [str(p) for p in (tmp_path / name).iterdir()] for name in ("small", "large")}
+    chosen = lambda name: choose_decoder("auto", files[name], 3, 16)[0].name  # noqa: E731
+    if installed("simplejpeg"):
+        assert chosen("small") == chosen("large") == "simplejpeg"
+    monkeypatch.setattr(decode, "installed", lambda name: name != "simplejpeg")
+    assert chosen("small") == "torchvision"  # under twice the training size: full decodes
+    assert chosen("large") == "pil"  # 40 >= 2 x 16: PIL's draft mode decodes at 1/2
+    _, reason = choose_decoder("auto", files["large"], 3, 16)
+    assert reason.startswith("auto: the fastest for JPEGs of about 52x40 at 16 px")
+    timings = time_decoders(files["small"], 3, 16, rounds=1)
+    assert set(timings) == {"pil", "torchvision"} and min(timings.values()) > 0
 
 
 def test_files_a_fast_decoder_refuses_are_decoded_by_pil(tmp_path):

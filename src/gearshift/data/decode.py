@@ -1,11 +1,11 @@
 """Image files -> uint8 CHW tensors at the training size: the decoders and the choice among them.
 
-Three JPEG decoders are compared (README, "Real images"): PIL with draft mode (libjpeg's DCT
-scaling by 1/2, 1/4, 1/8 when the image is at least twice the training size),
-`torchvision.io.decode_jpeg` on the CPU, and simplejpeg (optional: `pip install
-gearshift[jpeg]`; DCT scaling by any M/8 there). `data.decoder=auto` times each available one
-on a sample of the dataset's own JPEGs at start and uses the fastest. Files that are not JPEGs,
-and JPEGs a fast decoder refuses (CMYK, unusual markers), are decoded by PIL.
+Three JPEG decoders (README, "Real images"): PIL with draft mode (libjpeg's DCT scaling by
+1/2, 1/4, 1/8 when the image is at least twice the training size), `torchvision.io.decode_jpeg`
+on the CPU, and simplejpeg (optional: `pip install gearshift[jpeg]`; DCT scaling by any M/8).
+`data.decoder=auto` takes the one `make bench-data` measured fastest for the size of the
+dataset's JPEGs (`choose_decoder`). Files that are not JPEGs, and JPEGs a fast decoder refuses
+(unusual markers, damage), are decoded by PIL.
 
 After decoding, every path does the same in uint8: the centre square of the image, resized
 (bilinear, antialiased) to `size` x `size`; that is the region a resize of the shorter side
@@ -148,38 +148,52 @@ class ImageDecoder:
 def choose_decoder(
     choice: str, paths: Sequence[str], channels: int, size: int
 ) -> tuple[ImageDecoder, str]:
-    """(the decoder, why): `choice` itself, or for `auto` the fastest on a sample of `paths`."""
+    """(the decoder, why): `choice` itself, or for `auto` the fastest for the dataset's JPEGs.
+
+    The fastest, as `make bench-data` (`time_decoders`) measured them on 2-core EPYCs:
+    simplejpeg at every source size where it is installed; else torchvision below twice
+    the training size and PIL from there on, where draft mode decodes at 1/2 or less. A rule
+    of the sizes, not a timing at start: a timing on a busy machine can pick differently from
+    one start to the next, and a resumed run would then see other pixels.
+    """
     if choice != "auto":
         return ImageDecoder(choice, channels, size), f"data.decoder={choice}"
-    candidates = [name for name in JPEG_DECODERS if installed(name)]
-    sample = _jpeg_sample(paths)
-    if not sample:
-        return ImageDecoder("pil", channels, size), "auto: no JPEG files, PIL decodes the rest"
-    files = [(path, _read(path)) for path in sample]
+    files = [(path, _read(path)) for path in _jpeg_sample(paths)]
+    if not files:
+        return ImageDecoder("pil", channels, size), "auto: no JPEG files, PIL decodes them all"
+    height, width = _jpeg_sample_shape(files)
+    if installed("simplejpeg"):
+        name = "simplejpeg"
+    else:
+        name = "torchvision" if min(height, width) < 2 * size else "pil"
+    return ImageDecoder(name, channels, size), (
+        f"auto: the fastest for JPEGs of about {width}x{height} at {size} px "
+        "(make bench-data times them)"
+    )
+
+
+def time_decoders(
+    paths: Sequence[str], channels: int, size: int, rounds: int = 3
+) -> dict[str, float]:
+    """Seconds per image of each installed decoder (decode + centre square) on up to
+    SAMPLE_FILES of the JPEGs in `paths`, in one thread as in a loader worker; the best of
+    `rounds` interleaved rounds (a busy machine slows a round, not a decoder)."""
+    files = [(path, _read(path)) for path in _jpeg_sample(paths)]
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as in a loader worker
+    torch.set_num_threads(1)
+    best: dict[str, float] = {}
     try:
-        best: dict[str, float] = {}
-        for _ in range(3):  # interleaved rounds: a busy machine slows one round, not one decoder
-            for name in candidates:
+        for _ in range(rounds):
+            for name in [n for n in JPEG_DECODERS if installed(n)]:
                 decoder = ImageDecoder(name, channels, size)
                 start = time.perf_counter()
                 for path, data in files:
                     centre_square(decoder.decode(path, data), size)
-                elapsed = (time.perf_counter() - start) / len(files)
+                elapsed = (time.perf_counter() - start) / max(1, len(files))
                 best[name] = min(best.get(name, elapsed), elapsed)
-    except UnreadableImage:  # a damaged sample: the run will name it; decide without timing
-        best = {"pil": 0.0}
     finally:
         torch.set_num_threads(threads)
-    fastest = min(best, key=best.__getitem__)
-    timings = ", ".join(f"{name} {seconds * 1e3:.2f}" for name, seconds in best.items())
-    height, width = _jpeg_sample_shape(files)
-    reason = (
-        f"auto: fastest on {len(files)} of the JPEGs (about {width}x{height}) at {size}px, "
-        f"ms per image: {timings}"
-    )
-    return ImageDecoder(fastest, channels, size), reason
+    return best
 
 
 def _read(path: str) -> bytes:
