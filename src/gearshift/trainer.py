@@ -46,6 +46,7 @@ from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import NONE, LossWatch
 from gearshift.observe.profiler import Profiler
 from gearshift.observe.summary import log_summary, make_summary, resolved_gears
+from gearshift.observe.tokens import token_metrics, token_summary
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,
@@ -198,7 +199,9 @@ class Trainer:
         self.meter = PerfMeter(device, cfg.warmup_steps)
         self.profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
         self.meter.leave_out(self.profiler.window)  # the profiled steps run slower
-        self.losses = LossWatch(cfg.on_nonfinite, device)  # summed on the device, read at log steps
+        self.losses = LossWatch(
+            cfg.on_nonfinite, device, cfg.log_every_n_steps
+        )  # read at log steps
         self.window_samples = 0
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
@@ -364,6 +367,7 @@ class Trainer:
             "perf/step_time_ms": interval.median_step_ms,
             "perf/data_wait_pct": interval.data_wait_pct,
             **self.mfu.metrics(samples_per_sec / world),
+            **token_metrics(samples_per_sec, self.task.tokens_per_sample),
             "mem/peak_gib": peak_bytes / 2**30,
             **memory_metrics(self.device),
         }
@@ -480,6 +484,7 @@ class Trainer:
         )
         summary |= {
             **self.mfu.summary(summary["samples_per_sec_per_device"]),
+            **token_summary(summary, self.task.tokens_per_sample),
             "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
             "advice": [finding.as_dict() for finding in self.advice],
             "profile": self.profiler.finish(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,8 @@ SOURCES = {
     "gearshift.data.images.image_folder": "imagefolder",
     "gearshift.data.images.cifar10": "cifar10",
 }
+# Sources whose files another config module checks (config/token_files.py), by _target_.
+SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 CHECK_IMAGES = ("header", "decode", "off")
 BATCH_DTYPES = ("uint8", "float32")  # data/images.py host_transform
 DECODERS = ("auto", "pil", "torchvision", "simplejpeg")  # data/decode.py
@@ -107,6 +110,9 @@ def _check_data(cfg: DictConfig) -> None:
     target = cfg.data.get("_target_")
     if not target:
         _fail("data._target_", target, "name the source: a function that returns the datasets")
+    if target in SOURCE_CHECKS:
+        SOURCE_CHECKS[target](cfg)
+        return
     name = SOURCES.get(target)
     if name is None:
         return  # a source of your own: its code checks its values when it builds the data

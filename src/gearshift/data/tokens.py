@@ -5,12 +5,25 @@
 `data=synthetic_tokens` needs no file: a token stream drawn from a fixed random Markov
 chain in which every token has a few likely successors, so a model can learn it and its
 entropy rate (the best loss any model can reach) is known.
+
+`data=tokens` reads token files in nanoGPT's layout (`train.bin`, `val.bin`, a meta file;
+checked by config/token_files.py) through `np.memmap`: window i of a file is its tokens
+`i * block_size` to `(i + 1) * block_size` inclusive, so an epoch predicts every token of
+the file once. The order of the windows is the loader's (data/loading.py `EpochSampler`:
+a function of seed and epoch, sharded by rank, able to start mid-epoch).
 """
 
 from __future__ import annotations
 
-import torch
+import os
+from pathlib import Path
 
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from gearshift.config import ConfigError
+from gearshift.config.token_files import check_token_folder
 from gearshift.data.synthetic import TensorPairs, _pairs_or_none, _split_generator
 
 
@@ -63,3 +76,61 @@ def synthetic_tokens(
         return TensorPairs(windows[:, :-1].to(device), windows[:, 1:].to(device))
 
     return split(num_samples, 0), _pairs_or_none(split(num_val_samples, 1))
+
+
+class TokenWindows(Dataset):
+    """Windows of `block_size + 1` tokens of one .bin file: (inputs, targets) int64 tensors of
+    `block_size` tokens, the targets shifted by one. The file is mapped lazily in each
+    process that reads it (a DataLoader worker maps its own), never copied whole."""
+
+    def __init__(self, file: Path, dtype: str, block_size: int, starts: np.ndarray) -> None:
+        self.file, self.dtype, self.block_size, self.starts = file, dtype, block_size, starts
+        self._tokens: np.memmap | None = None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._pid != os.getpid():  # first read here, or a forked worker: map it anew
+            self._tokens, self._pid = np.memmap(self.file, dtype=self.dtype, mode="r"), os.getpid()
+        start = int(self.starts[index])
+        window = self._tokens[start : start + self.block_size + 1]
+        window = torch.from_numpy(window.astype(np.int64))  # tip 6: no copy beyond the cast
+        return window[:-1], window[1:]
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_tokens": None, "_pid": None}  # a spawned worker maps its own
+
+
+def window_starts(tokens: int, block_size: int, limit: int | None, key: str) -> np.ndarray:
+    """Where each window begins: every block_size tokens, or `limit` of them spread evenly."""
+    count = (tokens - 1) // block_size
+    if limit is not None and limit > count:
+        raise ConfigError(
+            f"data.{key}={limit} is not allowed; the file holds {count} windows of "
+            f"block_size + 1 = {block_size + 1} tokens (null: all of them)"
+        )
+    index = np.arange(count) if limit is None else np.linspace(0, count - 1, limit).round()
+    return index.astype(np.int64) * block_size
+
+
+def token_files(
+    path: str,
+    block_size: int,
+    vocab_size: int,
+    num_samples: int | None = None,
+    num_val_samples: int | None = None,
+) -> tuple[TokenWindows, TokenWindows | None]:
+    """data=tokens: the windows of `path`/train.bin and val.bin (`num_val_samples=0`: no
+    validation, val.bin not needed); `num_samples` windows spread evenly over the file, or all."""
+    folder = check_token_folder(path, block_size, vocab_size, need_val=num_val_samples != 0)
+
+    def split(name: str, limit: int | None, key: str) -> TokenWindows:
+        starts = window_starts(folder.tokens[name], block_size, limit, key)
+        return TokenWindows(folder.file(name), folder.dtype, block_size, starts)
+
+    train = split("train", num_samples, "num_samples")
+    return train, (
+        None if num_val_samples == 0 else split("val", num_val_samples, "num_val_samples")
+    )

@@ -19,6 +19,7 @@ class LanguageModel(Task):
 
     def __init__(self, vocab_size: int, block_size: int, ignore_index: int = -100) -> None:
         self.vocab_size, self.block_size, self.ignore_index = vocab_size, block_size, ignore_index
+        self.tokens_per_sample = block_size  # tokens/s in the summary, W&B and the console
 
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = model(inputs)
