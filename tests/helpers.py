@@ -106,6 +106,8 @@ SUMMARY_KEYS = {
     "mfu",
     "batch_size_finder",
     "advice",
+    "profile",
+    "nonfinite_skipped_steps",
 }
 
 

@@ -35,7 +35,13 @@ from gearshift.data.sources import build_datasets
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
-from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.engine.runtime import (
+    configure_backends,
+    configure_determinism,
+    resolve_device,
+    seed_everything,
+)
+from gearshift.models.blocks import model_blocks
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
 from gearshift.observe.console import print_summary, progress_bar
@@ -124,13 +130,16 @@ class Trainer:
     ) -> None:
         self.run_dir, self.run_name, self.ranks, self.strategy = run_dir, run_name, ranks, strategy
         self.device = device
+        configure_determinism(cfg.deterministic)  # first: before CUDA starts (cuBLAS)
         if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
             torch.cuda.reset_peak_memory_stats(device)
         self.memory_history = MemoryHistory(
             cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
         )
         seed_everything(cfg.seed)
-        configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
+        configure_backends(  # 15, TF32
+            device, cfg.cudnn_benchmark, cfg.matmul_precision, cfg.deterministic
+        )
         amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
         if device.type == "cpu" and strategy in ("ddp", "fsdp"):
             amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
@@ -174,7 +183,8 @@ class Trainer:
             self.memory_format, strategy,
         )  # fmt: skip
         compiled = maybe_compile(self.model, cfg.compile, device)  # 8
-        self.forward = wrap_model(compiled, strategy, device, cfg.distributed)  # 18
+        blocks = model_blocks(self.model)  # FSDP's units
+        self.forward = wrap_model(compiled, strategy, device, cfg.distributed, blocks)  # 18
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.batches_per_epoch = len(self.train_batches)
         self.total_steps = cfg.max_steps or cfg.epochs * math.ceil(
@@ -214,7 +224,9 @@ class Trainer:
         if (finished := self.finished_summary()) is not None:
             return RunResult(self.model, self.optimizer, finished, Interval())
         if self.ranks.is_zero:
-            self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
+            self.logger = build_logger(
+                self.cfg.logger, self.run_dir, self.config, self.run_name, self.position.step
+            )
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
         self.gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
@@ -376,6 +388,8 @@ class Trainer:
         if self.precision.scaler.is_enabled():
             metrics["amp/grad_scale"] = self.precision.grad_scale()
             metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)
+        if self.losses.skip:  # on_nonfinite=skip: counted on the host as the steps are decided
+            metrics["train/nonfinite_skipped_steps"] = self.losses.skipped
         self.progress.update(
             self.bar,
             completed=self.position.step,
@@ -490,6 +504,7 @@ class Trainer:
             "profile": self.profiler.finish(),
             "nonfinite_skipped_steps": self.losses.skipped,
         }
+        self.profiler.report(self.logger, p.step)
         if self.ranks.is_zero:
             write_json_atomic(self.run_dir / "summary.json", summary)
             log_summary(summary)
