@@ -265,6 +265,24 @@ def _check_distributed(cfg: DictConfig) -> None:
         )
 
 
+def _check_ema_and_early_stop(cfg: DictConfig) -> None:
+    decay = cfg.ema.decay
+    if decay is not None and not 0 < decay < 1:
+        _fail("ema.decay", decay, "expected a number > 0 and < 1 (or null to turn it off)")
+    if decay is not None and cfg.distributed.strategy == "fsdp":
+        _fail(
+            "ema.decay",
+            decay,
+            "weight averaging does not shard its copy under distributed=fsdp; "
+            "use distributed=ddp or ema.decay=null",
+        )
+    _check_int(cfg, "ema.every_n_steps", 1)
+    _check_int(cfg, "ema.start_step", 0)
+    _check_int(cfg, "early_stop.patience", 1, optional=True)
+    if cfg.early_stop.min_delta < 0:
+        _fail("early_stop.min_delta", cfg.early_stop.min_delta, "expected a number >= 0")
+
+
 def _check_resume(resume: str | None) -> None:
     if resume not in (None, "auto") and not Path(resume).is_file():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
@@ -291,6 +309,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
+    _check_ema_and_early_stop(cfg)
     _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)
