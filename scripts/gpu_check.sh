@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # GPU checks on a machine with one NVIDIA GPU, in a few minutes:
 #   1. the gpu-marked tests (fp16 + GradScaler, bf16, channels_last, pinned copies, compile,
+#      the memory snapshot and the out-of-memory line, a CUDA profile,
 #      peak CUDA memory, no host syncs between log steps);
 #   2. a 1-GPU NCCL process group with DDP around a model (one step);
 #   3. a gear ablation of resnet50 at 224x224 on synthetic data (the baseline, each gear
 #      alone, all gears; then activation checkpointing, host data through the tuned loader
 #      with and without prefetch_to_device, and batch_size=auto), the report table
-#      (scripts/report.py), and each run's MFU and advisor findings.
+#      (scripts/report.py), and each run's MFU and advisor findings;
+#   4. real JPEGs: resnet50 experiment=fast on a generated folder of 400x400 JPEGs at 224,
+#      decoded by the loader's workers (data.decode=host) and on the GPU (data.decode=gpu),
+#      against the on-device synthetic run of step 3: img/s and data wait.
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +24,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
 echo "== gpu tests"
-"$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_pipeline.py -p no:cacheprovider
+"$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_pipeline.py tests/test_gpu_decode.py \
+  tests/test_nonfinite.py tests/test_profile.py -p no:cacheprovider
 
 echo "== NCCL process group (1 rank) + DDP step"
 "$PY" - <<'PY'
@@ -73,4 +78,49 @@ for summary in sorted(Path(sys.argv[1]).glob("*/summary.json")):
           f"advice: {', '.join(a['id'] for a in s.get('advice', [])) or '-'}")
     if summary.parent.name == "baseline":
         print(f"{'':<16} peak source: {s.get('peak_flops_source')}")
+PY
+
+echo "== real JPEGs: experiment=fast, decoded in the workers vs on the GPU"
+JPEGS="${OUT}_jpegs"
+"$PY" - "$JPEGS" <<'PY'
+# 1,024 JPEGs of 400x400 in 10 classes (ImageNet's typical size), once
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+import numpy as np
+from PIL import Image
+root = Path(sys.argv[1])
+def write(i):
+    path = root / f"c{i % 10}" / f"{i}.jpg"
+    if not path.exists():
+        rng = np.random.default_rng(i)
+        ramp = np.linspace(0, 255, 400)[None, :, None] * rng.uniform(0.3, 1, (1, 1, 3))
+        pixels = np.clip(ramp + rng.normal(0, 20, (400, 400, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(path, quality=90)
+for k in range(10):
+    (root / f"c{k}").mkdir(parents=True, exist_ok=True)
+with ProcessPoolExecutor() as pool:
+    list(pool.map(write, range(1024), chunksize=32))
+PY
+JPEG_RUNS="${OUT}_jpeg"
+rm -rf "$JPEG_RUNS"
+OUT=$JPEG_RUNS
+JPEG_DATA="data=imagefolder data.path=$JPEGS data.num_classes=10"
+# shellcheck disable=SC2086  # a list of overrides
+run host_decode experiment=fast $JPEG_DATA data.decode=host
+# shellcheck disable=SC2086
+run gpu_decode experiment=fast $JPEG_DATA data.decode=gpu
+"$PY" - "${JPEG_RUNS%_jpeg}/all" "$JPEG_RUNS/host_decode" "$JPEG_RUNS/gpu_decode" <<'PY'
+import json, sys
+from pathlib import Path
+rows = {Path(p).name: Path(p) / "summary.json" for p in sys.argv[1:]}
+base = json.loads(rows["all"].read_text())["samples_per_sec"] if rows["all"].is_file() else None
+for name, path in rows.items():
+    if not path.is_file():
+        print(f"{name:<12} failed (no summary.json)")
+        continue
+    s = json.loads(path.read_text())
+    ratio = f"{s['samples_per_sec'] / base:.2f}x synthetic" if base else ""
+    print(f"{name:<12} {s['samples_per_sec']:8.0f} img/s  data wait {s['data_wait_pct']:5.1f}%  "
+          f"workers {s['gears']['num_workers']}  {ratio}")
 PY

@@ -76,6 +76,10 @@ BAD_INPUT = [
     ),
     ("optimizer.lr=-1", "optimizer.lr=-1.0 is not allowed; expected a number > 0"),
     (
+        "optimizer.clip_grad_norm=0",
+        "optimizer.clip_grad_norm=0.0 is not allowed; expected a number > 0 (or null: no clipping)",
+    ),
+    (
         "data=imagefolder",
         "data.path=None is not allowed; data=imagefolder reads a folder: set data.path=/path/to/it",
     ),

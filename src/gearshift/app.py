@@ -27,12 +27,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
 from gearshift.config.checks import locate
+from gearshift.engine.failures import TrainingFailed
 from gearshift.state.checkpoint import CheckpointError
 from gearshift.state.preemption import TrainingStopped
 
 log = logging.getLogger(__name__)
 
 EXIT_BAD_CONFIG = 2
+EXIT_TRAINING_FAILED = 1  # a NaN/inf loss, out of memory: one line says why and what next
 # Hydra flags after which preflight steps aside: they print, or point at other configs.
 _HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
 _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun"}
@@ -57,6 +59,10 @@ def train(cfg: DictConfig) -> float:
     except (ConfigError, CheckpointError) as error:
         _remove_empty_run_dir(run_dir)
         _exit(str(error))
+    except TrainingFailed as failed:
+        _note_in_log_file(f"error: {failed}")
+        print(f"error: {failed}", file=sys.stderr)
+        raise SystemExit(EXIT_TRAINING_FAILED) from None
     except TrainingStopped as stopped:
         if stopped.checkpoint is not None:  # rank 0: the others' words would repeat it
             log.warning("%s; saved %s", stopped, stopped.checkpoint)
@@ -92,6 +98,14 @@ def default_config_dir() -> Path:
     """./conf when there is one, else the repository's conf/ (the entry points' default)."""
     here = Path.cwd() / "conf"
     return here if (here / "config.yaml").exists() else Path(__file__).resolve().parents[2] / "conf"
+
+
+def _note_in_log_file(message: str) -> None:
+    """`message` in train.log only: the console gets it once, as the error line."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:

@@ -32,16 +32,21 @@ from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
 from gearshift.engine.ema import build_ema
-from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.failures import TrainingFailed
+from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
 from gearshift.observe.console import print_summary, progress_bar
 from gearshift.observe.loggers import NullLogger, build_logger, write_json_atomic
+from gearshift.observe.memory_snapshot import MemoryHistory, out_of_memory_message
 from gearshift.observe.metrics import Interval, PerfMeter, memory_metrics, peak_memory
 from gearshift.observe.mfu import MFU
+from gearshift.observe.nonfinite import NONE, LossWatch
+from gearshift.observe.profiler import Profiler
 from gearshift.observe.summary import log_summary, make_summary, resolved_gears
+from gearshift.observe.tokens import token_metrics, token_summary
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,
@@ -60,6 +65,7 @@ from gearshift.state.checkpoint import (
     changed_settings,
     find_resume,
     full_state,
+    latest_checkpoint,
     load_checkpoint,
     restore_training_state,
     save_best,
@@ -123,6 +129,9 @@ class Trainer:
         self.device = device
         if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
             torch.cuda.reset_peak_memory_stats(device)
+        self.memory_history = MemoryHistory(
+            cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
+        )
         seed_everything(cfg.seed)
         configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
         amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
@@ -179,6 +188,8 @@ class Trainer:
         self.position = self.resume()
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
         self.accum, self.set_to_none = cfg.accum, cfg.optimizer.set_to_none
+        self.clip_grad_norm = cfg.optimizer.clip_grad_norm
+        self.grad_norm: torch.Tensor | None = None  # the last one measured, on the device
         self.log_every, self.warmup_steps = cfg.log_every_n_steps, cfg.warmup_steps
         self.val_every = cfg.val_every_n_steps
         self.checkpoint_every, self.checkpoint_at_end = (
@@ -186,7 +197,11 @@ class Trainer:
             cfg.checkpoint.at_end,
         )
         self.meter = PerfMeter(device, cfg.warmup_steps)
-        self.loss_sum = torch.zeros((), device=device)  # summed on the device, read at log steps
+        self.profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+        self.meter.leave_out(self.profiler.window)  # the profiled steps run slower
+        self.losses = LossWatch(
+            cfg.on_nonfinite, device, cfg.log_every_n_steps
+        )  # read at log steps
         self.window_samples = 0
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
@@ -220,13 +235,15 @@ class Trainer:
                 )
                 self.progress.update(self.bar, completed=p.step)
                 self.meter.resume()
+                self.profiler.begin()
                 while p.step < self.total_steps and not self.best.should_stop:
                     self.train_batches.set_epoch(p.epoch, p.batch)
                     for batch in timed(self.train_batches, self.meter):
                         if not self.train_step(batch):
                             continue  # accumulating: the optimizer steps once per window
+                        self.profiler.after_step(p.step)
                         at_end = p.step == self.total_steps
-                        if p.step % self.log_every == 0 or p.step == self.warmup_steps or at_end:
+                        if self.logs_at(p.step):
                             self.log(self.log_point())
                         if (self.val_every and p.step % self.val_every == 0) or at_end:
                             self.validate()  # before saving: a checkpoint holds its outcome
@@ -244,7 +261,12 @@ class Trainer:
             if self.best.should_stop and self.checkpoint_at_end and self.saved_step != p.step:
                 self.save()  # early stopping ends with a checkpoint like any other end
             summary = self.summarize()
+        except torch.OutOfMemoryError as error:
+            raise TrainingFailed(self.out_of_memory(error)) from None
         finally:
+            self.profiler.finish()  # a run cut short keeps the profiled steps it made
+            self.memory_history.dump()
+            self.memory_history.stop()
             self.logger.finish(summary)
         return RunResult(self.model, self.optimizer, summary, self.meter.steady_state())
 
@@ -261,12 +283,18 @@ class Trainer:
             if last > first:
                 loss = loss / (last - first + 1)  # the window's gradients sum to its mean
             self.precision.backward(loss)
-        self.loss_sum += loss.detach()
+        self.losses.add(loss.detach(), p.step + 1)
         self.window_samples += self.task.count(inputs, targets)
         p.batch += 1
         if p.batch <= last:
             return False
-        self.precision.step(self.optimizer)
+        if self.losses.update_allowed():  # on_nonfinite=skip: False for a NaN/inf loss
+            if self.clip_grad_norm is not None or self.logs_at(p.step + 1):  # else no norm needed
+                self.precision.unscale(self.optimizer)  # fp16: clip and report the true gradients
+                self.grad_norm = clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
+            self.precision.step(self.optimizer)
+        elif self.ranks.is_zero:
+            log.warning("step %d: non-finite loss, update skipped (on_nonfinite=skip)", p.step + 1)
         self.optimizer.zero_grad(set_to_none=self.set_to_none)  # 12
         if self.schedule is not None:
             self.schedule.step()
@@ -277,6 +305,10 @@ class Trainer:
         self.meter.step(self.window_samples)
         self.window_samples = 0
         return True
+
+    def logs_at(self, step: int) -> bool:
+        """Whether the loop logs after optimizer step `step`."""
+        return step % self.log_every == 0 or step in (self.warmup_steps, self.total_steps)
 
     def place(self, batch: Any, train: bool = False) -> tuple[Any, Any]:
         """The batch on the device in the model's layout (7, 16), normalised and augmented there."""
@@ -333,15 +365,20 @@ class Trainer:
 
     def log_point(self) -> dict[str, float]:
         """The metrics of the interval since the last log step: the loop's one host sync."""
-        loss_total = self.loss_sum.item()
-        self.loss_sum.zero_()
+        extra = [] if self.grad_norm is None else [self.grad_norm]
+        loss_total, first_bad, skipped, grad_norm = self.losses.read(extra)  # one read for all
         interval = self.meter.flush()
         peak_bytes, _ = peak_memory(self.device)
         world = self.ranks.world_size
-        (loss_total, global_samples, stops), (peak_bytes,) = gather_sum_max(
-            [loss_total, interval.samples, float(bool(self.stop))], [peak_bytes], self.device
+        (loss_total, global_samples, stops), (peak_bytes, first_bad) = gather_sum_max(
+            [loss_total, interval.samples, float(bool(self.stop))],
+            [peak_bytes, -(NONE if first_bad is None else first_bad)],  # max of - = first
+            self.device,
         )
-        self.last_loss = loss_total / (interval.steps * world)
+        if first_bad > -NONE:
+            raise TrainingFailed(self.nonfinite(int(-first_bad)))
+        counted = (interval.steps - skipped) * world  # skipped steps' losses are left out
+        self.last_loss = loss_total / counted if counted else float("nan")
         self.stop_agreed = stops > 0
         samples_per_sec = global_samples / interval.seconds
         metrics = {
@@ -351,12 +388,17 @@ class Trainer:
             "perf/step_time_ms": interval.median_step_ms,
             "perf/data_wait_pct": interval.data_wait_pct,
             **self.mfu.metrics(samples_per_sec / world),
+            **token_metrics(samples_per_sec, self.task.tokens_per_sample),
             "mem/peak_gib": peak_bytes / 2**30,
             **memory_metrics(self.device),
         }
+        if grad_norm:  # this step's, before clipping; the same on every rank
+            metrics["train/grad_norm"] = grad_norm[0]
         if self.precision.scaler.is_enabled():
             metrics["amp/grad_scale"] = self.precision.grad_scale()
             metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)
+        if self.losses.skip:  # on_nonfinite=skip: counted on the host as the steps are decided
+            metrics["train/nonfinite_skipped_steps"] = self.losses.skipped
         self.progress.update(
             self.bar,
             completed=self.position.step,
@@ -410,7 +452,16 @@ class Trainer:
             save_best(state, self.checkpoints)
 
     def checkpoint_state(self) -> dict[str, Any] | None:
-        """What a checkpoint holds (rank 0; None on the others). Sharded, every rank calls it."""
+        """What a checkpoint holds (rank 0; None on the others). Every rank calls it: the
+        weights are checked to be finite on all (and gathered, sharded)."""
+        first_bad, finite = self.losses.check(
+            self.model.parameters()
+        )  # never save poisoned weights
+        _, (first_bad, unhealthy) = gather_sum_max(
+            [], [-(NONE if first_bad is None else first_bad), float(not finite)], self.device
+        )
+        if first_bad > -NONE or unhealthy:
+            raise TrainingFailed(self.nonfinite(int(-first_bad) if first_bad > -NONE else None))
         if not (self.ranks.is_zero or self.sharded):
             return None
         model_state, optimizer_state = full_state(self.model, self.optimizer, self.sharded)
@@ -426,6 +477,35 @@ class Trainer:
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()  # beside the weights, with the same keys
         return state
+
+    def nonfinite(self, step: int | None) -> str:
+        """The line a NaN/inf loss (at `step`) or NaN/inf weights end the run with."""
+        p = self.position
+        what = (
+            f"non-finite loss (NaN or inf) at step {step}"
+            if step is not None
+            else (f"non-finite weights at step {p.step} (the loss was finite)")
+        )
+        last = latest_checkpoint(self.checkpoints) if self.checkpoints.is_dir() else None
+        kept = f"the last good checkpoint: {last}" if last else "no checkpoint was saved before it"
+        return (
+            f"{what}; stopped (on_nonfinite={self.cfg.on_nonfinite}), {kept}; "
+            "try a lower optimizer.lr, or on_nonfinite=skip to skip such steps' updates"
+        )
+
+    def out_of_memory(self, error: torch.OutOfMemoryError) -> str:
+        """The line an out-of-memory error ends the run with (the snapshot dumped first)."""
+        snapshot = self.memory_history.dump()
+        self.memory_history.stop()
+        return out_of_memory_message(
+            error,
+            self.position.step + 1,
+            self.cfg.batch_size,
+            snapshot,
+            amp=self.precision.dtype is not None,
+            checkpointing=bool(self.cfg.model.get("checkpointing", False)),
+            batch_size_auto=self.batch_choice is not None,
+        )
 
     def finished_summary(self) -> dict[str, Any] | None:
         """A rerun of a finished run trains nothing and keeps its summary."""
@@ -448,12 +528,16 @@ class Trainer:
         )
         summary |= {
             **self.mfu.summary(summary["samples_per_sec_per_device"]),
+            **token_summary(summary, self.task.tokens_per_sample),
             "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
             "advice": [finding.as_dict() for finding in self.advice],
             "stop_reason": "early_stop" if p.step < self.total_steps else "completed",
             "best": self.best.summary(f"checkpoints/{BEST}"),
             "ema": None if self.ema is None else {"decay": self.ema.decay, **self.ema_val},
+            "profile": self.profiler.finish(),
+            "nonfinite_skipped_steps": self.losses.skipped,
         }
+        self.profiler.send(self.logger, p.step)
         if self.ranks.is_zero:
             write_json_atomic(self.run_dir / "summary.json", summary)
             log_summary(summary)

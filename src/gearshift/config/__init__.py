@@ -1,6 +1,9 @@
 """The run's config: its typed schema (registered with Hydra on import) and its checks."""
 
-from gearshift.config import schema  # noqa: F401  (registers the schema with the ConfigStore)
+from gearshift.config import (
+    schema,  # noqa: F401  (registers the schema with the ConfigStore)
+    token_files,  # noqa: F401  (data=tokens: its resolver and check)
+)
 from gearshift.config.checks import ConfigError, check_config
 
 __all__ = ["ConfigError", "check_config"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
+ON_NONFINITE = ("stop", "skip")
 # The built-in data sources by their _target_, with the names their conf/data files have;
 # their values are checked here, before any run folder exists. A source of your own is
 # checked by its own code when it builds the datasets.
@@ -36,12 +38,16 @@ SOURCES = {
     "gearshift.data.images.image_folder": "imagefolder",
     "gearshift.data.images.cifar10": "cifar10",
 }
+# Sources whose files another config module checks (config/token_files.py), by _target_.
+SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 CHECK_IMAGES = ("header", "decode", "off")
+DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py)
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
     "path": None,
     "stage_to": None,
     "download": False,
+    "decode": "host",
     "augment": False,
     "mean": None,
     "std": None,
@@ -97,6 +103,9 @@ def _check_data(cfg: DictConfig) -> None:
     target = cfg.data.get("_target_")
     if not target:
         _fail("data._target_", target, "name the source: a function that returns the datasets")
+    if target in SOURCE_CHECKS:
+        SOURCE_CHECKS[target](cfg)
+        return
     name = SOURCES.get(target)
     if name is None:
         return  # a source of your own: its code checks its values when it builds the data
@@ -134,6 +143,8 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
         _fail("data.val_fraction", data.val_fraction, "expected a number >= 0 and < 1")
     if name == "imagefolder":
         _check_choice(cfg, "data.check_images", CHECK_IMAGES)
+        _check_choice(cfg, "data.decode", DECODES)
+        _check_gpu_decode(cfg)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
         _fail(
@@ -161,6 +172,20 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
             )
 
 
+def _check_gpu_decode(cfg: DictConfig) -> None:
+    """data.decode=gpu decodes with nvJPEG on the training device: a CUDA one."""
+    import torch
+
+    on_cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.data.decode == "gpu" and on_cpu:
+        _fail(
+            "data.decode",
+            "gpu",
+            "it decodes JPEGs on a CUDA device and this run trains on the CPU; "
+            "use data.decode=host (the loader's workers decode)",
+        )
+
+
 def _check_normalisation(data: DictConfig) -> None:
     if (data.mean is None) != (data.std is None):
         _fail(
@@ -184,6 +209,9 @@ def _check_optimizer(cfg: DictConfig) -> None:
     if cfg.optimizer.weight_decay < 0:
         _fail("optimizer.weight_decay", cfg.optimizer.weight_decay, "expected a number >= 0")
     _check_int(cfg, "optimizer.lr_warmup_steps", 0)
+    clip = cfg.optimizer.clip_grad_norm
+    if clip is not None and not clip > 0:
+        _fail("optimizer.clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
     if cfg.optimizer.fused and cfg.optimizer.foreach:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
@@ -283,6 +311,20 @@ def _check_ema_and_early_stop(cfg: DictConfig) -> None:
         _fail("early_stop.min_delta", cfg.early_stop.min_delta, "expected a number >= 0")
 
 
+def _check_profile(cfg: DictConfig) -> None:
+    import torch
+
+    for key, minimum in (("wait", 0), ("warmup", 0), ("active", 1)):
+        _check_int(cfg, f"profile.{key}", minimum)
+    cpu = cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+    if cfg.profile.memory_snapshot and cpu:
+        _fail(
+            "profile.memory_snapshot",
+            True,
+            "it records the CUDA allocator's history; this run trains on the CPU",
+        )
+
+
 def _check_resume(resume: str | None) -> None:
     if resume not in (None, "auto") and not Path(resume).is_file():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
@@ -310,6 +352,8 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
     _check_ema_and_early_stop(cfg)
+    _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
+    _check_profile(cfg)
     _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)

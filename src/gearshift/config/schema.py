@@ -79,6 +79,7 @@ class OptimizerConfig:
     set_to_none: bool = False
     schedule: str = "cosine"  # constant | cosine
     lr_warmup_steps: int = 0
+    clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
 
 
 @dataclass
@@ -129,6 +130,21 @@ class EarlyStopConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """`profile=on`: torch.profiler over a window of steps (observe/profiler.py); and, on CUDA,
+    the allocator's history (observe/memory_snapshot.py), on or off by itself."""
+
+    enabled: bool = False
+    wait: int = 1  # steps after warmup_steps before the profiler starts
+    warmup: int = 1  # the profiler's own warm-up: recorded, then discarded
+    active: int = 3  # steps in the trace and ops.txt
+    record_shapes: bool = False
+    with_stack: bool = False
+    profile_memory: bool = False
+    memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
+
+
+@dataclass
 class Config:
     model: dict[str, Any] = MISSING  # instantiated through its _target_
     data: dict[str, Any] = MISSING  # a source: its _target_ builds the datasets (data/sources.py)
@@ -140,6 +156,7 @@ class Config:
     compile: CompileConfig = MISSING
     logger: LoggerConfig = MISSING
     distributed: DistributedConfig = MISSING
+    profile: ProfileConfig = MISSING
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     ema: EmaConfig = field(default_factory=EmaConfig)
     early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
@@ -158,6 +175,7 @@ class Config:
     cudnn_benchmark: bool = False
     matmul_precision: str = "highest"  # highest | high | medium
     progress_bar: bool = True
+    on_nonfinite: str = "stop"  # a NaN/inf loss: stop (exit 1) | skip (that step's update)
     trainer: str = "gearshift.trainer.Trainer"  # a subclass of yours: mypackage.MyTrainer
 
 

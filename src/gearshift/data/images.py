@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from gearshift.config import ConfigError
+from gearshift.data.gpu_decode import JpegFiles, find_non_jpegs
 from gearshift.data.staging import file_lock, stage
 
 log = logging.getLogger(__name__)
@@ -188,9 +189,7 @@ def find_bad_images(paths: Sequence[str], how: str) -> list[tuple[str, str]]:
     return [(path, problem) for path, problem in zip(paths, problems, strict=True) if problem]
 
 
-def image_folder_datasets(
-    data: SimpleNamespace, root: Path
-) -> tuple[ImageFiles, ImageFiles | None]:
+def image_folder_datasets(data: SimpleNamespace, root: Path) -> tuple[Dataset, Dataset | None]:
     """`root`/train/<class>/... (+ `root`/val/<class>/...) or `root`/<class>/... split by ratio."""
     train_root = root / "train" if (root / "train").is_dir() else root
     classes, train = index_class_folders(train_root)
@@ -229,8 +228,29 @@ def image_folder_datasets(
         len(classes),
         root,
     )
+    if data.decode == "gpu":  # workers read bytes, the device decodes (data/gpu_decode.py)
+        return _jpeg_files(data, classes, train, val)
     train_set = ImageFiles(train, classes, data, train=True)
     return train_set, (ImageFiles(val, classes, data, train=False) if val else None)
+
+
+def _jpeg_files(
+    data: SimpleNamespace, classes: list[str], train: list, val: list
+) -> tuple[JpegFiles, JpegFiles | None]:
+    not_jpeg = find_non_jpegs([path for path, _ in train + val])
+    if not_jpeg:
+        more = f" ({len(not_jpeg)} non-JPEG files in all)" if len(not_jpeg) > 1 else ""
+        raise ConfigError(
+            f"data.decode='gpu' is not allowed; {not_jpeg[0][0]} is {not_jpeg[0][1]}{more}, "
+            "and the device decodes JPEGs only; convert it or use data.decode=host"
+        )
+    log.info("data: the loader's workers read JPEG bytes; the training device decodes them")
+    options = (data.image_size, data.channels, data.augment, data.mean, data.std)
+    sets = [
+        JpegFiles(samples, classes, *options, train=t)
+        for samples, t in ((train, True), (val, False))
+    ]
+    return sets[0], (sets[1] if val else None)
 
 
 def _subset(samples: list, limit: int | None, seed: int) -> list:
@@ -335,9 +355,11 @@ def image_folder(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     stage_to: str | None = None,
-) -> tuple[ImageFiles, ImageFiles | None]:
+    decode: str = "host",
+) -> tuple[Dataset, Dataset | None]:
     """`data=imagefolder`: (train, validation or None) from a folder of class folders,
-    staged to local disk first when `stage_to` is set (tip 1)."""
+    staged to local disk first when `stage_to` is set (tip 1); `decode="gpu"` hands the
+    files' bytes over for decoding on the device (data/gpu_decode.py)."""
     options = SimpleNamespace(**locals())  # the keys, as the data node names them
     root = Path(path).expanduser()
     if stage_to:

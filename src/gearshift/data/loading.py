@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gearshift.config import ConfigError
+from gearshift.data.gpu_decode import DeviceDecodedBatches, decoded_on_device
 from gearshift.data.synthetic import TensorPairs
 
 Batch = tuple[Any, Any]  # (inputs, targets)
@@ -193,7 +194,7 @@ def build_loader(
     seed: int,
     rank: int = 0,
     world_size: int = 1,
-) -> LoaderBatches:
+) -> LoaderBatches | DeviceDecodedBatches:
     """A DataLoader with the `dataloader` group's gears applied."""
     dl = cfg.dataloader
     workers = resolve_num_workers(dl.num_workers, device)
@@ -212,9 +213,12 @@ def build_loader(
         drop_last=dl.drop_last and train,
         num_workers=workers,
         pin_memory=resolve_pin_memory(dl.pin_memory, device),
+        collate_fn=getattr(dataset, "collate", None),  # a dataset's own batching, if it has one
         **worker_options,
     )
-    return LoaderBatches(loader)
+    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    # data.decode=gpu: the loader yields JPEG bytes, decoded here on the device
+    return decoded_on_device(LoaderBatches(loader), dataset, device, layout, dl.non_blocking, seed)
 
 
 def build_batches(

@@ -1,12 +1,14 @@
-"""The optimizer (with the foreach/fused gear) and the learning-rate schedule."""
+"""The optimizer (with the foreach/fused gear), gradient clipping and the learning-rate schedule."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def build_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
@@ -21,6 +23,25 @@ def build_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
     if cfg.name == "sgd":
         return torch.optim.SGD(params, momentum=cfg.momentum, nesterov=cfg.nesterov, **common)
     return torch.optim.AdamW(params, betas=tuple(cfg.betas), **common)
+
+
+def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """The total L2 norm of the gradients of the whole model, a tensor left on the device
+    (no host sync); with `max_norm`, gradients whose norm exceeds it are scaled down to it.
+
+    Call it on true gradients: under fp16, after the GradScaler has unscaled them. Under DDP
+    every rank holds the all-reduced gradients, so its norm is the global one already. Under
+    FSDP each rank holds DTensor shards and torch returns the norm as a DTensor still to be
+    reduced across ranks; `full_tensor()` all-reduces it, so every rank clips with (and
+    reports) the norm over all shards, not its own shard's.
+    """
+    parameters = [p for p in parameters if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if max_norm is not None:
+        torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
+    return total
 
 
 def build_schedule(

@@ -209,6 +209,12 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide the gradients by the loss scale now (fp16), so that their norm is the true
+        one; the step that follows knows and does not divide again."""
+        if self.scaler.is_enabled():
+            self.scaler.unscale_(optimizer)
+
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         if not self.scaler.is_enabled():
             optimizer.step()

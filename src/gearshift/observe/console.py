@@ -15,6 +15,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from gearshift.observe.tokens import token_rows
+
 
 def progress_bar(enabled: bool) -> Progress:
     # No background refresh: the loop refreshes at log steps, so the bar costs nothing between.
@@ -45,6 +47,7 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     rows = [
         ("samples/s", _fmt(summary["samples_per_sec"])),
         ("samples/s per device", _fmt(summary["samples_per_sec_per_device"])),
+        *token_rows(summary, _fmt),
         ("step time (median)", f"{summary['step_time_ms']:.2f} ms"),
         ("data wait", f"{summary['data_wait_pct']:.1f} %"),
         ("MFU", f"{summary['mfu']:.1%}" if summary.get("mfu") is not None else "n/a"),

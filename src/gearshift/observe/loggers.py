@@ -45,11 +45,17 @@ class NullLogger:
     def finish(self, summary: dict[str, Any] | None = None) -> None:
         pass
 
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        """A table (the profiler's operators); a backend without tables ignores it."""
+
+    def log_file(self, path: Path, name: str, kind: str) -> None:
+        """A file worth keeping with the run (the profiler's trace); W&B uploads it online."""
+
 
 class WandbLogger(NullLogger):
     def __init__(self, cfg: DictConfig, run_dir: Path, config: dict, name: str | None) -> None:
         self.run = None
-        mode = wandb_mode(cfg.mode)
+        mode = self.mode = wandb_mode(cfg.mode)
         try:
             import wandb
 
@@ -80,6 +86,27 @@ class WandbLogger(NullLogger):
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self._call("log", lambda: self.run.log(metrics, step=step))
+
+    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
+        def send() -> None:
+            import wandb
+
+            self.run.log({key: wandb.Table(columns=columns, data=rows)}, step=step)
+
+        self._call("table", send)
+
+    def log_file(self, path: Path, name: str, kind: str) -> None:
+        if self.mode != "online":  # offline, the file is in the run folder already
+            return
+
+        def upload() -> None:
+            import wandb
+
+            artifact = wandb.Artifact(name, type=kind)
+            artifact.add_file(str(path))
+            self.run.log_artifact(artifact)
+
+        self._call("artifact", upload)
 
     def finish(self, summary: dict[str, Any] | None = None) -> None:
         def close() -> None:

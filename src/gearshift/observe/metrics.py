@@ -4,7 +4,8 @@ The loop reports each optimizer step (`step`) and each wait for a batch (`add_da
 host clock reads and, on CUDA, one recorded event, nothing that waits for the device.
 At log points the loop has just read the loss (the one sync it allows itself), so
 `flush` can read the events for free. Intervals that start before `warmup_steps`
-(start-up, compilation, cuDNN autotuning) are kept out of the steady-state figures.
+(start-up, compilation, cuDNN autotuning) are kept out of the steady-state figures, and so
+are the steps `leave_out` names (a profiled window), step by step.
 """
 
 from __future__ import annotations
@@ -59,7 +60,14 @@ class PerfMeter:
         self.steps_done = 0
         self.steady = Interval()  # the sum of the intervals after warm-up
         self.everything = Interval()
+        self.left_out: range = range(0)
         self.resume()
+
+    def leave_out(self, steps: range) -> None:
+        """Keep these steps (numbered from 1 as `step` counts them) out of the steady-state
+        figures: their time, samples and data wait. The interval `flush` returns, which the
+        log step reports, still holds them."""
+        self.left_out = steps
 
     def _mark(self) -> torch.cuda.Event | float:
         if self.cuda:
@@ -73,15 +81,25 @@ class PerfMeter:
         self._start_time = time.perf_counter()
         self._marks = [self._mark()]
         self._current = Interval()
+        self._left = Interval()  # the interval's left-out steps (their step_ms: at flush)
+        self._left_indices: list[int] = []
+        self._step_wait = 0.0
 
     def add_data_wait(self, seconds: float) -> None:
         self._current.data_wait_seconds += seconds
+        self._step_wait += seconds
 
     def step(self, samples: int) -> None:
         self._marks.append(self._mark())
+        self.steps_done += 1
+        if self.steps_done in self.left_out:
+            self._left_indices.append(self._current.steps)
+            self._left.steps += 1
+            self._left.samples += samples
+            self._left.data_wait_seconds += self._step_wait
         self._current.samples += samples
         self._current.steps += 1
-        self.steps_done += 1
+        self._step_wait = 0.0
 
     def flush(self) -> Interval:
         """Close the interval; call right after a host sync so the events are complete."""
@@ -94,11 +112,25 @@ class PerfMeter:
             interval.step_ms = [1000 * (b - a) for a, b in pairwise(marks)]
         self.everything.add(interval)
         if self.steps_done - interval.steps >= self.warmup_steps:
-            self.steady.add(interval)
+            self.steady.add(self._without_left_out(interval))
         self._start_time = time.perf_counter()
         self._marks = [marks[-1]]
         self._current = Interval()
+        self._left, self._left_indices = Interval(), []
         return interval
+
+    def _without_left_out(self, interval: Interval) -> Interval:
+        if not self._left_indices:
+            return interval
+        left = set(self._left_indices)
+        left_ms = [ms for i, ms in enumerate(interval.step_ms) if i in left]
+        return Interval(
+            steps=interval.steps - self._left.steps,
+            samples=interval.samples - self._left.samples,
+            seconds=max(0.0, interval.seconds - sum(left_ms) / 1000),
+            data_wait_seconds=max(0.0, interval.data_wait_seconds - self._left.data_wait_seconds),
+            step_ms=[ms for i, ms in enumerate(interval.step_ms) if i not in left],
+        )
 
     def steady_state(self) -> Interval:
         if self.steady.steps:

@@ -83,6 +83,7 @@ def resolved_gears(
         "batch_size": cfg.batch_size,
         "memory_format": "channels_last" if cfg.memory_format.channels_last else "contiguous",
         "data_on_device": on_device,
+        "data_decode": cfg.data.get("decode", "host"),  # gpu: JPEGs decoded on the device
         "num_workers": workers,
         "num_workers_reason": workers_reason,
         "pin_memory": False if on_device else resolve_pin_memory(dl.pin_memory, device),

@@ -3,6 +3,7 @@ metrics; the batch-size finder and the FLOP counter ask it for an example batch.
 
 from gearshift.tasks.base import Batch, Task, build_task
 from gearshift.tasks.classification import Classification
+from gearshift.tasks.lm import LanguageModel
 from gearshift.tasks.regression import Regression
 
-__all__ = ["Batch", "Classification", "Regression", "Task", "build_task"]
+__all__ = ["Batch", "Classification", "LanguageModel", "Regression", "Task", "build_task"]

@@ -33,6 +33,9 @@ class Task(ABC):
     monitor: str = "val_loss"
     mode: str = "min"  # min | max
     metrics: tuple[str, ...] = ("val_loss",)
+    # Tokens a sample holds (a language model: its block size), for tokens/s beside
+    # samples/s; None where a sample is not made of tokens.
+    tokens_per_sample: int | None = None
 
     @abstractmethod
     def loss(self, model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:

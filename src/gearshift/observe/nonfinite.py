@@ -1,0 +1,90 @@
+"""The training loss, kept per optimizer step on the device between log steps and checked
+for NaN and inf when it is read.
+
+Each step's loss goes into its own slot of a small device buffer (one in-place add per
+micro-batch, as cheap as the plain running sum it replaces); the log step reads the buffer
+in its one host read, so `on_nonfinite=stop` (the default) names the first non-finite step
+at no extra sync. `on_nonfinite=skip` decides at every optimizer step whether to skip its
+update, so it reads one flag per step (under DDP all ranks agree on it through one small
+collective), as fp16's GradScaler does for its own skips.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from gearshift.parallel.distributed import gather_sum_max
+
+NONE = 2**62  # "no non-finite step" where ranks agree on the first one (a max of -step)
+
+
+class LossWatch:
+    def __init__(self, mode: str, device: torch.device, steps_between_reads: int) -> None:
+        self.skip = mode == "skip"
+        self.device = device
+        self.losses = torch.zeros(max(steps_between_reads, 1), device=device)  # one per step
+        self.first = 0  # the step number of slot 0 (set by the first `add` after a read)
+        self.used = 0  # slots filled since the last read
+        self.skipped = 0  # skip mode: steps whose update was skipped, whole run
+        self.skipped_since_read = 0
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        """A micro-batch's (detached) loss, of optimizer step `step`; device work only."""
+        if self.used == 0:
+            self.first = step
+        slot = step - self.first
+        if slot >= len(self.losses):  # more steps between reads than foreseen: grow, no sync
+            self.losses = torch.cat([self.losses, torch.zeros_like(self.losses)])
+        self.losses[slot].add_(loss)
+        self.used = slot + 1
+
+    def update_allowed(self) -> bool:
+        """At the end of an accumulation window: False when skip mode skips its update.
+
+        Skip mode only: one host read (and under DDP one collective), so every rank skips
+        the same steps. A skipped step's loss is left out of the logged loss."""
+        if not self.skip:
+            return True
+        slot = self.losses[self.used - 1]
+        bad = float(not torch.isfinite(slot))
+        _, (bad,) = gather_sum_max([], [bad], self.device)
+        if bad:
+            slot.zero_()
+            self.skipped += 1
+            self.skipped_since_read += 1
+        return not bad
+
+    def _read(self, extra: list[torch.Tensor]) -> tuple[list[float], int | None, list[float]]:
+        readings = torch.cat(
+            [self.losses[: self.used].double(), *(t.double().view(1) for t in extra)]
+        )
+        values = readings.tolist()
+        losses, rest = values[: self.used], values[self.used :]
+        bad = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
+        return losses, None if bad is None else self.first + bad, rest
+
+    def read(self, extra: list[torch.Tensor]) -> tuple[float, int | None, int, list[float]]:
+        """At a log step: (the loss summed since the last read, the first step whose loss
+        was not finite or None, the steps skipped since the last read, the values of the
+        `extra` scalars). One host read for all of them."""
+        losses, first_bad, values = self._read(extra)
+        self.losses[: self.used].zero_()
+        self.used = 0
+        skipped, self.skipped_since_read = self.skipped_since_read, 0
+        return math.fsum(losses), first_bad, skipped, values
+
+    def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:
+        """Before a checkpoint: (the first step since the last read whose loss was not
+        finite or None, whether every weight this rank holds is finite). One read, a
+        checkpoint's only; the caller agrees on it over ranks."""
+        finite = [
+            torch.isfinite(p.to_local() if isinstance(p, DTensor) else p).all()  # FSDP: a shard
+            for p in parameters
+        ]
+        weights = torch.stack(finite).all() if finite else torch.ones((), dtype=torch.bool)
+        _, first_bad, (weights_finite,) = self._read([weights.to(self.device)])
+        return first_bad, bool(weights_finite)

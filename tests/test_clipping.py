@@ -1,0 +1,101 @@
+"""Gradient clipping (optimizer.clip_grad_norm) and train/grad_norm, against a hand computation."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from helpers import make_cfg, task_of
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+import gearshift.trainer
+from gearshift.trainer import fit
+
+LR = 0.1
+# SGD without momentum or weight decay and a constant lr: the one step is -LR x the gradient
+PLAIN_SGD = (
+    "optimizer.lr=0.1",
+    "optimizer.momentum=0",
+    "optimizer.weight_decay=0",
+    "optimizer.schedule=constant",
+)
+
+
+class Recorded:
+    """What one training step saw: its batch, the parameters before the update, the logs."""
+
+    def __init__(self, monkeypatch, cfg) -> None:
+        self.batches, self.params, self.logs = [], [], []
+        task_class = type(task_of(cfg))
+        loss = task_class.loss
+
+        def recording_loss(task, model, inputs, targets):
+            self.batches.append((inputs.detach().clone(), targets.clone()))
+            return loss(task, model, inputs, targets)
+
+        monkeypatch.setattr(task_class, "loss", recording_loss)
+        log = gearshift.trainer.Trainer.log
+
+        def recording_log(trainer, metrics):
+            self.logs.append(dict(metrics))
+            log(trainer, metrics)
+
+        monkeypatch.setattr(gearshift.trainer.Trainer, "log", recording_log)
+
+        def hook(optimizer, args, kwargs):  # runs only for a step that is taken
+            self.params.append([p.detach().clone() for p in optimizer.param_groups[0]["params"]])
+
+        self.handle = register_optimizer_step_pre_hook(hook)
+
+    def remove(self) -> None:
+        self.handle.remove()
+
+
+def hand_step(cfg, trained: torch.nn.Module, before, batch, dtype, max_norm):
+    """The one step worked out by hand: the true (unscaled) gradient of the batch at the
+    parameters before the step, its total norm, and SGD's update with it clipped."""
+    model = copy.deepcopy(trained)
+    with torch.no_grad():
+        for p, p0 in zip(model.parameters(), before, strict=True):
+            p.copy_(p0)
+    inputs, targets = batch
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        loss = task_of(cfg).loss(model, inputs, targets)
+    loss.backward()
+    grads = [p.grad for p in model.parameters()]
+    norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
+    coef = min(1.0, max_norm / (norm + 1e-6)) if max_norm is not None else 1.0
+    return norm, [p0 - LR * coef * g for p0, g in zip(before, grads, strict=True)]
+
+
+@pytest.mark.parametrize(
+    ("amp", "dtype", "max_norm"),
+    [("off", None, None), ("off", None, 0.05), ("fp16", torch.float16, 0.05)],
+    ids=["fp32-no-clipping", "fp32-clipped", "fp16-gradscaler-clipped"],
+)
+def test_one_step_is_the_hand_computed_clipped_update(tmp_path, monkeypatch, amp, dtype, max_norm):
+    clip = f"optimizer.clip_grad_norm={max_norm}" if max_norm else "optimizer.clip_grad_norm=null"
+    cfg = make_cfg("model=mlp", "model.hidden=32", f"amp={amp}", "max_steps=1", *PLAIN_SGD, clip)
+    seen = Recorded(monkeypatch, cfg)
+    try:
+        result = fit(cfg, tmp_path)
+    finally:
+        seen.remove()
+    assert len(seen.params) == 1  # one step, taken (under fp16: not skipped)
+    # the last loss is the step's (the FLOP count before training computes one on a dummy batch)
+    norm, expected = hand_step(cfg, result.model, seen.params[0], seen.batches[-1], dtype, max_norm)
+    if max_norm is not None:
+        assert norm > 10 * max_norm  # the threshold binds: the update is really scaled down
+    # The logged norm is the true gradient's: under fp16 a norm of the still-scaled gradients
+    # would be 65536x (the GradScaler's first scale) larger.
+    (logged,) = [m["train/grad_norm"] for m in seen.logs if "train/grad_norm" in m]
+    rtol = 1e-2 if dtype else 1e-4  # fp16: the scaled backward rounds differently
+    assert logged == pytest.approx(norm, rel=rtol)
+    for p, want, p0 in zip(result.model.parameters(), expected, seen.params[0], strict=True):
+        # Compared as updates (an unscaled-then-clipped fp16 step would be 65536x too small),
+        # up to rounding: of the subtraction in float32, and of fp16's scaled backward.
+        update = want - p0
+        atol = rtol * float(update.abs().max())
+        torch.testing.assert_close(p.detach() - p0, update, rtol=rtol, atol=atol)

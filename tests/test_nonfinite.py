@@ -1,0 +1,130 @@
+"""A NaN loss stops the run naming its step, keeping the last good checkpoint (stop), or
+has its update skipped (skip); an out-of-memory error ends the run with one line."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import pytest
+import torch
+from helpers import ROOT, TINY, StepCounter, SyncCounter, make_cfg, seconds
+
+from gearshift.engine.failures import TrainingFailed
+from gearshift.trainer import fit
+
+TESTS = ROOT / "tests"
+NAN_AT_3 = ("task._target_=injected.NaNLossAt", "+task.at_step=3")
+
+
+def run_train_py(*args: str, cwd):
+    """`python train.py ARGS` with tests/ on the path, for the injected tasks."""
+    import subprocess
+
+    paths = [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *TINY, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=seconds(120),
+    )
+
+
+def test_nan_found_at_a_log_step_names_its_step_without_extra_reads(tmp_path, monkeypatch):
+    cfg = make_cfg("model=mlp", *NAN_AT_3, "max_steps=10", "log_every_n_steps=5")
+    reads = SyncCounter(monkeypatch)
+    with pytest.raises(TrainingFailed) as failed:
+        fit(cfg, tmp_path)
+    assert reads.count == 1  # the loss and the first bad step, read together at step 5
+    assert str(failed.value).startswith("non-finite loss (NaN or inf) at step 3; stopped")
+    assert "no checkpoint was saved before it" in str(failed.value)
+    assert not (tmp_path / "checkpoints").exists()  # nothing poisoned was saved
+
+
+def test_nan_stops_the_run_with_one_line_and_keeps_the_last_good_checkpoint(tmp_path):
+    # checkpoints every 2 steps: step 2 is good; step 4's would hold step 3's NaN update
+    done = run_train_py(
+        "model=mlp", *NAN_AT_3, "max_steps=10", "log_every_n_steps=5",
+        "checkpoint.every_n_steps=2", "hydra.run.dir=run", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    error = lines[-1]
+    assert error.startswith("error: non-finite loss (NaN or inf) at step 3; stopped"), lines
+    assert [line for line in lines if line.startswith("error:")] == [error]
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert kept == ["step_000000002.pt"]
+    assert f"the last good checkpoint: {tmp_path / 'run/checkpoints/step_000000002.pt'}" in error
+    assert error in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_skip_skips_the_nan_steps_update_and_trains_on(tmp_path):
+    cfg = make_cfg("model=mlp", *NAN_AT_3, "on_nonfinite=skip", "max_steps=6")
+    with StepCounter() as steps:
+        result = fit(cfg, tmp_path)
+    assert steps.count == 5  # step 3's optimizer update did not happen
+    summary = result.summary
+    assert summary["steps"] == 6 and summary["nonfinite_skipped_steps"] == 1
+    assert math.isfinite(summary["final_loss"]) and math.isfinite(summary["val_loss"])
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+
+
+def test_out_of_memory_ends_the_run_with_one_line_naming_batch_size_and_gears(tmp_path):
+    done = run_train_py(
+        "model=mlp", "task._target_=injected.OutOfMemoryAt", "+task.at_step=3",
+        "max_steps=6", "hydra.run.dir=run", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    error = done.stderr.strip().splitlines()[-1]
+    assert error == (
+        "error: out of memory at step 3 with batch_size=16 per device (tried to allocate "
+        "2.00 GiB); no memory snapshot (profile.memory_snapshot=true records one on CUDA); "
+        "to cut memory: amp=on, model.checkpointing=true, batch_size=8, batch_size=auto"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_out_of_memory_names_only_the_gears_not_on_yet(tmp_path):
+    cfg = make_cfg(
+        "model=mlp", "task._target_=injected.OutOfMemoryAt", "+task.at_step=2",
+        "amp=bf16", "model.checkpointing=true", "batch_size=1", "max_steps=4",
+    )  # fmt: skip
+    with pytest.raises(TrainingFailed) as failed:
+        fit(cfg, tmp_path)
+    assert str(failed.value).endswith("; to cut memory: batch_size=auto")
+
+
+@pytest.mark.gpu
+def test_cuda_out_of_memory_dumps_the_snapshot_and_names_it(tmp_path):
+    import pickle
+
+    cfg = make_cfg(
+        "device=cuda", "model=mlp", "task._target_=injected.AllocatesTooMuchAt",
+        "+task.at_step=3", "max_steps=6", "profile.memory_snapshot=true",
+    )  # fmt: skip
+    with pytest.raises(TrainingFailed) as failed:
+        fit(cfg, tmp_path)
+    snapshot = tmp_path / "profile" / "memory_snapshot.pickle"
+    assert str(failed.value).startswith("out of memory at step 3 with batch_size=16 per device")
+    assert f"memory snapshot: {snapshot} (open it at https://pytorch.org/memory_viz)" in str(
+        failed.value
+    )
+    recorded = pickle.loads(snapshot.read_bytes())
+    assert recorded["segments"] and recorded["device_traces"][0]  # allocations and their history
+    actions = {entry["action"] for entry in recorded["device_traces"][0]}
+    assert "oom" in actions  # the failed allocation itself is in the history
+
+
+@pytest.mark.gpu
+def test_memory_snapshot_is_written_at_the_end_of_a_cuda_run(tmp_path):
+    import pickle
+
+    cfg = make_cfg("device=cuda", "model=mlp", "max_steps=3", "profile.memory_snapshot=true")
+    fit(cfg, tmp_path)
+    recorded = pickle.loads((tmp_path / "profile" / "memory_snapshot.pickle").read_bytes())
+    assert any(entry["action"] == "alloc" for entry in recorded["device_traces"][0])
+    assert not torch.cuda.memory._snapshot()["device_traces"][0]  # recording stopped
