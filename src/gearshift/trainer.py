@@ -34,7 +34,12 @@ from gearshift.data.sources import build_datasets
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
-from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.engine.runtime import (
+    configure_backends,
+    configure_determinism,
+    resolve_device,
+    seed_everything,
+)
 from gearshift.models.blocks import model_blocks
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
@@ -124,13 +129,16 @@ class Trainer:
     ) -> None:
         self.run_dir, self.run_name, self.ranks, self.strategy = run_dir, run_name, ranks, strategy
         self.device = device
+        configure_determinism(cfg.deterministic)  # first: before CUDA starts (cuBLAS)
         if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
             torch.cuda.reset_peak_memory_stats(device)
         self.memory_history = MemoryHistory(
             cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
         )
         seed_everything(cfg.seed)
-        configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
+        configure_backends(  # 15, TF32
+            device, cfg.cudnn_benchmark, cfg.matmul_precision, cfg.deterministic
+        )
         amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
         if device.type == "cpu" and strategy in ("ddp", "fsdp"):
             amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
@@ -209,7 +217,9 @@ class Trainer:
         if (finished := self.finished_summary()) is not None:
             return RunResult(self.model, self.optimizer, finished, Interval())
         if self.ranks.is_zero:
-            self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
+            self.logger = build_logger(
+                self.cfg.logger, self.run_dir, self.config, self.run_name, self.position.step
+            )
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
         self.gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)

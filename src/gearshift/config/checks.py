@@ -7,6 +7,7 @@ the key, the value and what is allowed.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,6 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZERS = ("sgd", "adamw")
 SCHEDULES = ("constant", "cosine")
-LOGGERS = ("wandb", "none")
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -293,6 +293,17 @@ def _check_distributed(cfg: DictConfig) -> None:
         )
 
 
+def _check_logger(cfg: DictConfig) -> None:
+    _check_choice(cfg, "logger.mode", LOGGER_MODES)
+    if cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        _fail(
+            "logger",
+            "tensorboard",
+            "the tensorboard package is not installed: pip install tensorboard "
+            "(or gearshift's extra: pip install -e '.[tensorboard]')",
+        )
+
+
 def _check_profile(cfg: DictConfig) -> None:
     import torch
 
@@ -322,8 +333,9 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.compile.enabled not in (True, False, "auto"):
         _fail("compile.enabled", cfg.compile.enabled, "choose true, false or auto")
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
-    _check_choice(cfg, "logger.name", LOGGERS)
-    _check_choice(cfg, "logger.mode", LOGGER_MODES)
+    if cfg.deterministic not in (True, False, "warn"):
+        _fail("deterministic", cfg.deterministic, "choose true, false or warn")
+    _check_logger(cfg)
     for key in ("accum", "epochs", "log_every_n_steps"):
         _check_int(cfg, key, 1)
     _check_batch_size(cfg)

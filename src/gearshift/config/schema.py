@@ -84,7 +84,12 @@ class OptimizerConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "wandb"  # wandb | none
+    """Where metrics go (observe/loggers.py): each backend on or off, so the options of the
+    `logger` group compose (`logger=[wandb,csv]`); the other keys are W&B's."""
+
+    wandb: bool = False  # W&B, online or offline (mode)
+    tensorboard: bool = False  # TensorBoard event files in <run folder>/tensorboard
+    csv: bool = False  # <run folder>/metrics.csv: step,name,value rows
     project: str = "gearshift"
     entity: str | None = None
     mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
@@ -154,6 +159,7 @@ class Config:
     log_every_n_steps: int = 10
     val_every_n_steps: int | None = None  # None: validate once, at the end
     cudnn_benchmark: bool = False
+    deterministic: Any = False  # false | true | warn: deterministic kernels only (runtime.py)
     matmul_precision: str = "highest"  # highest | high | medium
     progress_bar: bool = True
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (exit 1) | skip (that step's update)
