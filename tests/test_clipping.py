@@ -61,7 +61,7 @@ def hand_step(cfg, trained: torch.nn.Module, before, batch, dtype, max_norm):
         for p, p0 in zip(model.parameters(), before, strict=True):
             p.copy_(p0)
     inputs, targets = batch
-    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+    with torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None):
         loss = task_of(cfg).loss(model, inputs, targets)
     loss.backward()
     grads = [p.grad for p in model.parameters()]
@@ -70,14 +70,28 @@ def hand_step(cfg, trained: torch.nn.Module, before, batch, dtype, max_norm):
     return norm, [p0 - LR * coef * g for p0, g in zip(before, grads, strict=True)]
 
 
+FP16 = ("amp=fp16", torch.float16)
+
+
 @pytest.mark.parametrize(
-    ("amp", "dtype", "max_norm"),
-    [("off", None, None), ("off", None, 0.05), ("fp16", torch.float16, 0.05)],
-    ids=["fp32-no-clipping", "fp32-clipped", "fp16-gradscaler-clipped"],
+    ("gears", "dtype", "max_norm"),
+    [
+        (("amp=off",), None, None),
+        (("amp=off",), None, 0.05),
+        (FP16[:1], FP16[1], 0.05),
+        # the fused step takes the GradScaler's scale itself, unless unscale_ came first
+        ((FP16[0], "optimizer.fused=true"), FP16[1], 0.05),
+        pytest.param(
+            ("device=cuda", FP16[0], "optimizer.fused=true"), FP16[1], 0.05, marks=pytest.mark.gpu
+        ),
+    ],
+    ids=["fp32", "fp32-clipped", "fp16-clipped", "fp16-fused-clipped", "cuda-fp16-fused-clipped"],
 )
-def test_one_step_is_the_hand_computed_clipped_update(tmp_path, monkeypatch, amp, dtype, max_norm):
+def test_one_step_is_the_hand_computed_clipped_update(
+    tmp_path, monkeypatch, gears, dtype, max_norm
+):
     clip = f"optimizer.clip_grad_norm={max_norm}" if max_norm else "optimizer.clip_grad_norm=null"
-    cfg = make_cfg("model=mlp", "model.hidden=32", f"amp={amp}", "max_steps=1", *PLAIN_SGD, clip)
+    cfg = make_cfg("model=mlp", "model.hidden=32", *gears, "max_steps=1", *PLAIN_SGD, clip)
     seen = Recorded(monkeypatch, cfg)
     try:
         result = fit(cfg, tmp_path)
