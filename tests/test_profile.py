@@ -26,7 +26,7 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
     # An MLP at a batch that makes its matmuls the heaviest ops; 8 steps: 1 warm-up, 1 wait,
     # then the profiler's warm-up step and 2 active ones (steps 4 and 5).
     cfg = make_cfg(
-        "model=mlp", "profile=on", "batch_size=128", "max_steps=8", "warmup_steps=1",
+        "model=mlp", "profile=on", "batch_size=256", "max_steps=8", "warmup_steps=1",
         "profile.wait=1", "profile.warmup=1", "profile.active=2", "log_every_n_steps=4",
         "logger=wandb",
     )  # fmt: skip
@@ -38,7 +38,7 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
         "steps": [4, 5],
     }
     # throughput: 8 steps - 1 warm-up - 3 profiled (the profiler's warm-up and active ones)
-    assert result.steady.steps == 4 and result.steady.samples == 4 * 128
+    assert result.steady.steps == 4 and result.steady.samples == 4 * 256
     assert len(result.steady.step_ms) == 4
 
     trace = json.loads(gzip.decompress((tmp_path / summary["profile"]["trace"]).read_bytes()))

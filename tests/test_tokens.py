@@ -190,6 +190,12 @@ def test_windows_are_the_files_tokens_shifted_by_one(tmp_path):
     assert [few[i][0][0].item() for i in range(3)] == [0, 28 * 16, 57 * 16]  # spread evenly
     _, none = token_files(str(folder), 16, 1000, num_val_samples=0)
     assert none is None
+    (folder / "val.bin").unlink()  # not needed then
+    assert len(token_files(str(folder), 16, 1000, num_val_samples=0)[0]) == len(train)
+    # a spawned worker gets the dataset pickled: without the parent's mapping, it maps its own
+    copy = pickle.loads(pickle.dumps(train))
+    assert train._tokens is not None and copy._tokens is None
+    assert torch.equal(copy[3][0], inputs)
 
 
 def test_nanogpt_meta_pkl_is_read_as_plain_values_only(tmp_path):
@@ -253,6 +259,14 @@ def _bad_folder(kind: str, root: Path) -> tuple[list[str], str]:
             ["data.vocab_size=40"],
             "data.vocab_size=40 is not allowed; the token ids go up to 49 (meta.json's max_token_id): expected at least 50",
         )
+    if kind == "meta-unreadable":
+        (folder / "meta.json").write_text('{"vocab_size": 50,')
+        return [], f"{path}{folder / 'meta.json'} cannot be read: Expecting property name"
+    if kind == "too-many-windows":  # 136 tokens: 8 windows of 17
+        return (
+            ["data.num_samples=9"],
+            "data.num_samples=9 is not allowed; the file holds 8 windows of block_size + 1 = 17 tokens (null: all of them)",
+        )
     if kind == "no-val":
         val.unlink()
         return (
@@ -279,6 +293,8 @@ BAD = [
     "vocab-too-small",
     "no-val",
     "block-too-long",
+    "meta-unreadable",
+    "too-many-windows",
     "no-folder",
 ]
 
@@ -293,9 +309,9 @@ def test_bad_token_files_stop_before_training_with_one_line(tmp_path, kind):
     with pytest.raises(ConfigError) as error:
         check_config(cfg)
     assert str(error.value).startswith(expected), str(error.value)
+    source = {k: v for k, v in cfg.data.items() if k not in ("_target_", "on_device", "stage_to")}
     with pytest.raises(ConfigError) as error:
-        data = cfg.data
-        token_files(data.path, data.block_size, data.vocab_size)
+        token_files(**source)  # as data/sources.py build_datasets calls it
     assert str(error.value).startswith(expected)
 
 

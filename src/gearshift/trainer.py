@@ -27,14 +27,20 @@ from torch import nn
 
 from gearshift.batch_finder import resolve_batch_size
 from gearshift.config.checks import locate
-from gearshift.data.device_transforms import DeviceTransforms
+from gearshift.data.decode import UnreadableImage
+from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
-from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.engine.runtime import (
+    configure_backends,
+    configure_determinism,
+    resolve_device,
+    seed_everything,
+)
 from gearshift.models.blocks import model_blocks
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
@@ -124,13 +130,16 @@ class Trainer:
     ) -> None:
         self.run_dir, self.run_name, self.ranks, self.strategy = run_dir, run_name, ranks, strategy
         self.device = device
+        configure_determinism(cfg.deterministic)  # first: before CUDA starts (cuBLAS)
         if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
             torch.cuda.reset_peak_memory_stats(device)
         self.memory_history = MemoryHistory(
             cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
         )
         seed_everything(cfg.seed)
-        configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
+        configure_backends(  # 15, TF32
+            device, cfg.cudnn_benchmark, cfg.matmul_precision, cfg.deterministic
+        )
         amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
         if device.type == "cpu" and strategy in ("ddp", "fsdp"):
             amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
@@ -156,9 +165,14 @@ class Trainer:
         )
         self.train_batches = prefetch_to_device(train, cfg, device, self.memory_format)  # 7
         self.val_batches = prefetch_to_device(val, cfg, device, self.memory_format)
-        self.transforms = DeviceTransforms(
-            cfg.device_transforms, device, self.memory_format, cfg.seed
+        self.transforms = DeviceTransforms(  # after the source's own (uint8 batches)
+            cfg.device_transforms,
+            device,
+            self.memory_format,
+            cfg.seed,
+            source_transforms(train_set),
         )
+        self.data_gears = getattr(train_set, "gears", {})  # how a disk source reads its images
         self.model = build_model(cfg.model, device, self.memory_format)  # + model.checkpointing
         self.model.train()
         self.advice = advise(cfg, self.model, device, self.precision.dtype)  # 9, 10, 15-18
@@ -181,6 +195,7 @@ class Trainer:
         self.checkpoints = run_dir / "checkpoints"
         self.sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
         self.position = self.resume()
+        self.transforms.start_at(self.position.epoch * self.batches_per_epoch + self.position.batch)
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
         self.accum, self.set_to_none = cfg.accum, cfg.optimizer.set_to_none
         self.clip_grad_norm = cfg.optimizer.clip_grad_norm
@@ -209,10 +224,13 @@ class Trainer:
         if (finished := self.finished_summary()) is not None:
             return RunResult(self.model, self.optimizer, finished, Interval())
         if self.ranks.is_zero:
-            self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
+            self.logger = build_logger(
+                self.cfg.logger, self.run_dir, self.config, self.run_name, self.position.step
+            )
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
         self.gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
+        self.gears |= self.data_gears
         workers = f"{self.gears['num_workers']} ({self.gears['num_workers_reason']})"
         log.info("on this machine: amp -> %s; loader workers -> %s", self.precision.reason, workers)
         log.info(
@@ -252,6 +270,8 @@ class Trainer:
                         p.epoch, p.batch = p.epoch + 1, 0
             self.validate()
             summary = self.summarize()
+        except UnreadableImage as error:  # found mid-epoch: checkpoint, then one line naming it
+            raise error.after(self.save_at_last_step()) from None
         except torch.OutOfMemoryError as error:
             raise TrainingFailed(self.out_of_memory(error)) from None
         finally:
@@ -423,6 +443,11 @@ class Trainer:
             self.config, model_state, optimizer_state, self.precision.scaler, self.schedule, where
         )
         return save_checkpoint(state, self.checkpoints, p.step, keep=self.cfg.checkpoint.keep)
+
+    def save_at_last_step(self) -> Path | None:
+        """save() at the last optimizer step: a window cut short is redone on resume."""
+        self.position.batch -= self.position.batch % self.accum
+        return self.save()
 
     def nonfinite(self, step: int | None) -> str:
         """The line a NaN/inf loss (at `step`) or NaN/inf weights end the run with."""

@@ -130,16 +130,21 @@ def check_token_folder(
     if not folder.is_dir():
         what = "not a folder" if folder.exists() else "no such folder"
         raise ConfigError(f"{where}{what}; point it at a folder with train.bin and val.bin")
+    meta, meta_name = read_meta(folder) or ({}, "meta.json")  # an unreadable one: its error
     for key, value in (("data.block_size", block_size), ("data.vocab_size", vocab_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not _is_int(value, 1):
             if key == "data.vocab_size" and value is None:
                 raise ConfigError(
                     f"data.vocab_size=None is not allowed; {folder} has no meta.json or "
                     "meta.pkl with a vocab_size: set data.vocab_size=N"
                 )
             raise ConfigError(f"{key}={value!r} is not allowed; expected an integer >= 1")
-    meta, meta_name = read_meta(folder) or ({}, "meta.json")
-    dtype = meta.get("dtype", dtype_for(meta.get("vocab_size", vocab_size)))
+    for key in ("vocab_size", "max_token_id", "train_tokens", "val_tokens"):
+        if key in meta and not _is_int(meta[key], 0):
+            raise ConfigError(
+                f"{where}{folder / meta_name} says {key} {meta[key]!r}; expected an integer >= 0"
+            )
+    dtype = meta.get("dtype") or dtype_for(meta.get("vocab_size", vocab_size))
     if dtype not in DTYPES:
         raise ConfigError(
             f"{where}{folder / meta_name} says dtype {dtype!r}; choose one of: {', '.join(DTYPES)}"
@@ -197,6 +202,15 @@ def check_token_folder(
     return TokenFolder(folder, dtype, tokens, meta)
 
 
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def window_count(tokens: int, block_size: int) -> int:
+    """Windows of block_size + 1 tokens, each starting block_size after the last."""
+    return (tokens - 1) // block_size
+
+
 @functools.lru_cache(maxsize=16)
 def _largest_id(file: str, dtype: str, size: int, mtime_ns: int, sampled: bool) -> int:
     """The largest id in the file (sampled: in evenly spaced chunks); size and mtime key the
@@ -236,9 +250,21 @@ def check_token_config(cfg: DictConfig) -> None:
                 f"data.{key}={value!r} is not allowed; expected an integer >= {minimum} "
                 "(or null: every window)"
             )
-    check_token_folder(
+    folder = check_token_folder(
         data.path, data.block_size, data.vocab_size, need_val=data.get("num_val_samples") != 0
     )
+    for split, key in (("train", "num_samples"), ("val", "num_val_samples")):
+        check_window_limit(data.get(key), folder.tokens.get(split, 0), data.block_size, key)
+
+
+def check_window_limit(limit: int | None, tokens: int, block_size: int, key: str) -> None:
+    """data.num_samples / num_val_samples: no more windows than the file holds."""
+    count = window_count(tokens, block_size)
+    if limit is not None and limit > max(count, 0):
+        raise ConfigError(
+            f"data.{key}={limit} is not allowed; the file holds {count} windows of "
+            f"block_size + 1 = {block_size + 1} tokens (null: all of them)"
+        )
 
 
 SOURCE_CHECKS["gearshift.data.tokens.token_files"] = check_token_config

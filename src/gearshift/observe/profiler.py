@@ -138,10 +138,10 @@ class Profiler:
     def table(self, limit: int) -> str:
         """The operators by self time, a plain-text table (ops.txt holds all of them)."""
         name, calls, self_ms, total_ms, share = self.columns
-        lines = [f"{name:<48} {calls:>7} {self_ms:>14} {total_ms:>10} {share:>7}"]
+        lines = [f"{name:<40} {calls:>6} {self_ms:>13} {total_ms:>10} {share:>7}"]
         for row in self.rows[:limit]:
             lines.append(
-                f"{row.name[:48]:<48} {row.calls:>7} {row.self_ms:>14.3f} "
+                f"{row.name[:40]:<40} {row.calls:>6} {row.self_ms:>13.3f} "
                 f"{row.total_ms:>10.3f} {100 * row.self_share:>6.1f}%"
             )
         return "\n".join(lines) + "\n"
