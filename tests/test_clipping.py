@@ -45,7 +45,8 @@ class Recorded:
         monkeypatch.setattr(gearshift.trainer.Trainer, "log", recording_log)
 
         def hook(optimizer, args, kwargs):  # runs only for a step that is taken
-            self.params.append([p.detach().clone() for p in optimizer.param_groups[0]["params"]])
+            groups = optimizer.param_groups  # matrices and 1-D parameters may be apart
+            self.params.append({p: p.detach().clone() for g in groups for p in g["params"]})
 
         self.handle = register_optimizer_step_pre_hook(hook)
 
@@ -98,8 +99,9 @@ def test_one_step_is_the_hand_computed_clipped_update(
     finally:
         seen.remove()
     assert len(seen.params) == 1  # one step, taken (under fp16: not skipped)
+    before = [seen.params[0][p] for p in result.model.parameters()]
     # the last loss is the step's (the FLOP count before training computes one on a dummy batch)
-    norm, expected = hand_step(cfg, result.model, seen.params[0], seen.batches[-1], dtype, max_norm)
+    norm, expected = hand_step(cfg, result.model, before, seen.batches[-1], dtype, max_norm)
     if max_norm is not None:
         assert norm > 10 * max_norm  # the threshold binds: the update is really scaled down
     # The logged norm is the true gradient's: under fp16 a norm of the still-scaled gradients
@@ -107,7 +109,7 @@ def test_one_step_is_the_hand_computed_clipped_update(
     (logged,) = [m["train/grad_norm"] for m in seen.logs if "train/grad_norm" in m]
     rtol = 1e-2 if dtype else 1e-4  # fp16: the scaled backward rounds differently
     assert logged == pytest.approx(norm, rel=rtol)
-    for p, want, p0 in zip(result.model.parameters(), expected, seen.params[0], strict=True):
+    for p, want, p0 in zip(result.model.parameters(), expected, before, strict=True):
         # Compared as updates (an unscaled-then-clipped fp16 step would be 65536x too small),
         # up to rounding: of the subtraction in float32, and of fp16's scaled backward.
         update = want - p0
