@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 from helpers import make_cfg
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.trainer
@@ -73,6 +75,32 @@ def train_sharded(rank: int, world_size: int, port: int, out: str, overrides: li
     # (there, after the process group is gone, gloo aborted now and then once
     # torch.distributed.checkpoint had touched them).
     del result
+    gc.collect()
+
+
+def train_recorded(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:
+    """Train as `overrides` say (composed without helpers.TINY: token data has no images);
+    save this rank's parameters (under FSDP its shards), what it logged and FSDP's units."""
+    become_rank(rank, world_size, port)
+    logged = []
+    log = gearshift.trainer.Trainer.log
+
+    def recording_log(trainer, metrics):
+        logged.append(dict(metrics))
+        log(trainer, metrics)
+
+    gearshift.trainer.Trainer.log = recording_log
+    result = fit_quietly(make_cfg(*overrides, tiny=False), Path(out) / f"rank{rank}")
+    params = {
+        name: (value.to_local() if isinstance(value, DTensor) else value).detach().clone()
+        for name, value in result.model.state_dict().items()
+    }
+    units = [name for name, m in result.model.named_modules() if isinstance(m, FSDPModule)]
+    torch.save(
+        {"params": params, "logged": logged, "units": units, "summary": result.summary},
+        Path(out) / f"rank{rank}.pt",
+    )
+    del result  # as in train_sharded: freed while the interpreter is whole
     gc.collect()
 
 

@@ -109,6 +109,8 @@ SUMMARY_KEYS = {
     "stop_reason",
     "best",
     "ema",
+    "profile",
+    "nonfinite_skipped_steps",
 }
 
 

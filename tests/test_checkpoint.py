@@ -71,6 +71,32 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, source
     assert resumed.summary["steps"] == 20 and resumed.summary["samples"] == whole.summary["samples"]
 
 
+def test_the_gpt_stopped_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_path):
+    # The tiny GPT at its smallest on token windows served by the DataLoader; 128 windows /
+    # batch 16 = 8 batches = 4 steps an epoch with accum 2: SIGTERM after step 6, in epoch 1.
+    # AdamW (its moments must come back) with clipping (the norm is taken every step).
+    gears = (
+        *("logger=none", "progress_bar=false", "task=lm", "data=synthetic_tokens"),
+        *("data.vocab_size=32", "data.block_size=16", "data.num_samples=128"),
+        *("data.num_val_samples=16", "data.on_device=false", "dataloader.num_workers=0"),
+        *("model=gpt", "model.n_layer=2", "model.n_head=2", "model.n_embd=32"),
+        *("optimizer=adamw", "optimizer.clip_grad_norm=0.5", "batch_size=16", "accum=2"),
+        "max_steps=10",
+    )
+    whole = fit(make_cfg(*gears, tiny=False), tmp_path / "whole")
+
+    run_dir = tmp_path / "stopped"
+    with SignalAtStep(6), pytest.raises(TrainingStopped) as stopped:
+        fit(make_cfg(*gears, tiny=False), run_dir)
+    assert stopped.value.step == 6
+    saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
+    assert saved["position"] == {"step": 6, "epoch": 1, "batch": 4, "samples": 6 * 32}
+
+    resumed = fit(make_cfg(*gears, "resume=auto", tiny=False), run_dir)
+    assert_same_parameters(resumed.model, whole.model)
+    assert resumed.summary["steps"] == 10 and resumed.summary["samples"] == 10 * 32
+
+
 def test_checkpoint_every_n_steps_keeps_the_newest(tmp_path):
     fit(
         make_cfg("model=mlp", "max_steps=10", "checkpoint.every_n_steps=3", "checkpoint.keep=2"),

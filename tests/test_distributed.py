@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from distributed_workers import count_allreduces, train_sharded
+from distributed_workers import count_allreduces, train_recorded, train_sharded
 from helpers import CONF, ROOT, make_cfg, only_summary, run_train, seconds
 
 from gearshift.app import preflight
@@ -94,6 +94,73 @@ def test_fsdp_checkpoints_resume_to_the_same_shards_as_an_uninterrupted_run(tmp_
     path = latest_checkpoint(tmp_path / "parts" / "rank0" / "checkpoints")
     with pytest.raises(CheckpointError, match="written with distributed=fsdp"):
         fit(make_cfg(*common, "max_steps=8", f"resume={path}"), tmp_path / "one-process")
+
+
+# The tiny GPT at its smallest (2 blocks of width 32 over 16-token windows), trained by plain
+# SGD with a clipping threshold that binds, so every rank's update depends on the global norm.
+GPT_CLIPPED = [
+    "logger=none",
+    "progress_bar=false",
+    "task=lm",
+    "data=synthetic_tokens",
+    "data.vocab_size=32",
+    "data.block_size=16",
+    "data.num_samples=128",
+    "data.num_val_samples=16",
+    "model=gpt",
+    "model.n_layer=2",
+    "model.n_head=2",
+    "model.n_embd=32",
+    "max_steps=4",
+    "log_every_n_steps=1",
+    "optimizer.lr=0.5",
+    "optimizer.momentum=0",
+    "optimizer.schedule=constant",
+    "optimizer.clip_grad_norm=0.1",
+]
+
+
+@pytest.fixture(scope="module")
+def gpt_one_process(tmp_path_factory):
+    """One process, batch 16: the parameters and logged gradient norms 2 ranks must reach."""
+    run_dir = tmp_path_factory.mktemp("gpt_one_process")
+    train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
+    return torch.load(run_dir / "rank0.pt", weights_only=False)
+
+
+def grad_norms(recorded: dict) -> list[float]:
+    return [m["train/grad_norm"] for m in recorded["logged"] if "train/grad_norm" in m]
+
+
+@pytest.mark.parametrize(
+    "gears",
+    [["distributed=ddp"], ["distributed=fsdp", "model.checkpointing=true"]],
+    ids=["ddp", "fsdp-per-block-checkpointed"],
+)
+def test_2_ranks_on_the_gpt_with_clipping_reach_one_process_parameters(
+    tmp_path, gpt_one_process, gears
+):
+    ranks = spawn_ranks(tmp_path, [*GPT_CLIPPED, *gears, "batch_size=8"], worker=train_recorded)
+    one = gpt_one_process
+    norms = grad_norms(one)
+    assert len(norms) == 4 and min(norms) > 0.1  # every step clipped
+    for rank in ranks:
+        # The norm each rank clips with and logs is the global one: under FSDP a shard's own
+        # norm would be about 1/sqrt(2) of it.
+        assert grad_norms(rank) == pytest.approx(norms, rel=1e-4)
+    if gears[0] == "distributed=fsdp":
+        # sharded block by block, then the root: the root unit holds only the embeddings,
+        # the final norm and the tied head
+        assert ranks[0]["units"] == ["", "blocks.0", "blocks.1"]
+    for name, tensor in one["params"].items():
+        if gears[0] == "distributed=fsdp":  # each rank holds dim-0 shards
+            whole = torch.cat([ranks[0]["params"][name], ranks[1]["params"][name]])
+            assert ranks[0]["params"][name].numel() < tensor.numel(), name  # really sharded
+        else:
+            assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name]), name
+            whole = ranks[0]["params"][name]
+        # the same 16 windows a step, their gradient means summed in another order
+        torch.testing.assert_close(whole[: len(tensor)], tensor, rtol=1e-4, atol=1e-6)
 
 
 def test_accumulation_all_reduces_once_per_optimizer_step(tmp_path):

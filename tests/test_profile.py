@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import make_cfg
 
+from gearshift.config import ConfigError, check_config
 from gearshift.observe.metrics import PerfMeter
 from gearshift.trainer import fit
 
@@ -25,7 +26,7 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
     # An MLP at a batch that makes its matmuls the heaviest ops; 8 steps: 1 warm-up, 1 wait,
     # then the profiler's warm-up step and 2 active ones (steps 4 and 5).
     cfg = make_cfg(
-        "model=mlp", "profile=on", "batch_size=128", "max_steps=8", "warmup_steps=1",
+        "model=mlp", "profile=on", "batch_size=256", "max_steps=8", "warmup_steps=1",
         "profile.wait=1", "profile.warmup=1", "profile.active=2", "log_every_n_steps=4",
         "logger=wandb",
     )  # fmt: skip
@@ -37,7 +38,7 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
         "steps": [4, 5],
     }
     # throughput: 8 steps - 1 warm-up - 3 profiled (the profiler's warm-up and active ones)
-    assert result.steady.steps == 4 and result.steady.samples == 4 * 128
+    assert result.steady.steps == 4 and result.steady.samples == 4 * 256
     assert len(result.steady.step_ms) == 4
 
     trace = json.loads(gzip.decompress((tmp_path / summary["profile"]["trace"]).read_bytes()))
@@ -92,3 +93,21 @@ def test_profile_on_cuda_records_the_kernels_and_ranks_by_cuda_time(tmp_path):
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
     ops = (tmp_path / summary["profile"]["ops"]).read_text().splitlines()
     assert "self CUDA ms" in ops[0] and float(ops[1].split()[-3]) > 0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "profile.memory_snapshot=true",
+            "profile.memory_snapshot=True is not allowed; it records the CUDA allocator's "
+            "history; this run trains on the CPU",
+        ),
+        ("profile.active=0", "profile.active=0 is not allowed; expected an integer >= 1"),
+        ("on_nonfinite=ignore", "on_nonfinite='ignore' is not allowed; choose one of: stop, skip"),
+    ],
+)
+def test_bad_profile_and_nonfinite_values_are_one_line(override, message):
+    with pytest.raises(ConfigError) as error:
+        check_config(make_cfg("device=cpu", override))
+    assert str(error.value) == message

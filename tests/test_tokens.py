@@ -22,6 +22,8 @@ from rich.console import Console
 from test_checkpoint import SignalAtStep, assert_same_parameters
 
 from gearshift.config import ConfigError, check_config
+from gearshift.config import token_files as token_files_module
+from gearshift.config.token_files import check_token_folder
 from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.data.tokens import token_files
@@ -190,6 +192,12 @@ def test_windows_are_the_files_tokens_shifted_by_one(tmp_path):
     assert [few[i][0][0].item() for i in range(3)] == [0, 28 * 16, 57 * 16]  # spread evenly
     _, none = token_files(str(folder), 16, 1000, num_val_samples=0)
     assert none is None
+    (folder / "val.bin").unlink()  # not needed then
+    assert len(token_files(str(folder), 16, 1000, num_val_samples=0)[0]) == len(train)
+    # a spawned worker gets the dataset pickled: without the parent's mapping, it maps its own
+    copy = pickle.loads(pickle.dumps(train))
+    assert train._tokens is not None and copy._tokens is None
+    assert torch.equal(copy[3][0], inputs)
 
 
 def test_nanogpt_meta_pkl_is_read_as_plain_values_only(tmp_path):
@@ -253,6 +261,14 @@ def _bad_folder(kind: str, root: Path) -> tuple[list[str], str]:
             ["data.vocab_size=40"],
             "data.vocab_size=40 is not allowed; the token ids go up to 49 (meta.json's max_token_id): expected at least 50",
         )
+    if kind == "meta-unreadable":
+        (folder / "meta.json").write_text('{"vocab_size": 50,')
+        return [], f"{path}{folder / 'meta.json'} cannot be read: Expecting property name"
+    if kind == "too-many-windows":  # 136 tokens: 8 windows of 17
+        return (
+            ["data.num_samples=9"],
+            "data.num_samples=9 is not allowed; the file holds 8 windows of block_size + 1 = 17 tokens (null: all of them)",
+        )
     if kind == "no-val":
         val.unlink()
         return (
@@ -279,6 +295,8 @@ BAD = [
     "vocab-too-small",
     "no-val",
     "block-too-long",
+    "meta-unreadable",
+    "too-many-windows",
     "no-folder",
 ]
 
@@ -293,9 +311,9 @@ def test_bad_token_files_stop_before_training_with_one_line(tmp_path, kind):
     with pytest.raises(ConfigError) as error:
         check_config(cfg)
     assert str(error.value).startswith(expected), str(error.value)
+    source = {k: v for k, v in cfg.data.items() if k not in ("_target_", "on_device", "stage_to")}
     with pytest.raises(ConfigError) as error:
-        data = cfg.data
-        token_files(data.path, data.block_size, data.vocab_size)
+        token_files(**source)  # as data/sources.py build_datasets calls it
     assert str(error.value).startswith(expected)
 
 
@@ -434,3 +452,24 @@ def test_a_gpt_learns_a_grammar_well_below_the_unigram_entropy(tmp_path):
     )
     summary = fit(cfg, tmp_path / "run").summary
     assert summary["val_loss"] < threshold, (summary["val_loss"], unigram, bigram)
+
+
+def test_big_files_with_a_recorded_max_are_sampled_others_scanned_whole(tmp_path, monkeypatch):
+    # the sizes scaled down: "big" is above 1000 tokens here; 8 sampled chunks of 100 tokens
+    monkeypatch.setattr(token_files_module, "FULL_SCAN_TOKENS", 1000)
+    monkeypatch.setattr(token_files_module, "SAMPLED_CHUNKS", 8)
+    monkeypatch.setattr(token_files_module, "SAMPLED_CHUNK_TOKENS", 100)
+    ids = np.arange(5064) % 50
+    ids[0], ids[2050] = 60, 70  # in the first sampled chunk; between two chunks
+    folder = token_folder(tmp_path / "d", ids, vocab_size=100, max_token_id=49)
+    message = "train.bin holds token id 60, above meta.json's max_token_id 49"
+    with pytest.raises(ConfigError, match=re.escape(message)):  # the sample finds the first
+        check_token_folder(str(folder), 16, 100)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["max_token_id"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    message = (
+        "data.vocab_size=65 is not allowed; " + str(folder / "train.bin") + " holds token id 70"
+    )
+    with pytest.raises(ConfigError, match=re.escape(message)):  # no record: every id is read
+        check_token_folder(str(folder), 16, 65)

@@ -14,15 +14,6 @@ from gearshift.observe.loggers import wandb_mode
 from gearshift.trainer import fit
 
 
-@pytest.fixture
-def no_wandb_key(monkeypatch, tmp_path):
-    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no ~/.config/wandb
-    monkeypatch.setenv("WANDB_SILENT", "true")
-
-
 def test_mode_is_offline_without_a_key_and_online_with_one(no_wandb_key, monkeypatch):
     assert wandb_mode("auto") == "offline"
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)

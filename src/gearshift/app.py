@@ -196,7 +196,9 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
         for variant, swept in variants:
             try:
-                check_config(compose(config_name, overrides=variant))
+                cfg = compose(config_name, overrides=variant)
+                check_config(cfg)
+                _before_cuda_starts(cfg)
             except ConfigError as error:
                 _exit(str(error))
             except (HydraException, OmegaConfBaseException) as error:
@@ -204,6 +206,15 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
         multirun = any(a in ("-m", "--multirun") for a in argv)
         if problem := _output_folder_problem(config_name, overrides, multirun):
             _exit(problem)
+
+
+def _before_cuda_starts(cfg: DictConfig) -> None:
+    """deterministic needs CUBLAS_WORKSPACE_CONFIG before the process's first CUDA matmul:
+    for a sweep run in this process, before its first run, which may not be deterministic."""
+    if cfg.deterministic in (True, "warn"):
+        from gearshift.engine.runtime import want_cublas_workspace  # loads torch: only then
+
+        want_cublas_workspace(cfg.deterministic)
 
 
 def _output_folder_problem(config_name: str, overrides: list[str], multirun: bool) -> str | None:

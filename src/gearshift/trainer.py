@@ -27,7 +27,8 @@ from torch import nn
 
 from gearshift.batch_finder import resolve_batch_size
 from gearshift.config.checks import locate
-from gearshift.data.device_transforms import DeviceTransforms
+from gearshift.data.decode import UnreadableImage
+from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
@@ -35,7 +36,13 @@ from gearshift.engine.ema import build_ema
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
-from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
+from gearshift.engine.runtime import (
+    configure_backends,
+    configure_determinism,
+    resolve_device,
+    seed_everything,
+)
+from gearshift.models.blocks import model_blocks
 from gearshift.models.build import build_model, maybe_compile
 from gearshift.observe.advisor import advise, log_findings
 from gearshift.observe.console import print_summary, progress_bar
@@ -127,13 +134,16 @@ class Trainer:
     ) -> None:
         self.run_dir, self.run_name, self.ranks, self.strategy = run_dir, run_name, ranks, strategy
         self.device = device
+        configure_determinism(cfg.deterministic)  # first: before CUDA starts (cuBLAS)
         if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
             torch.cuda.reset_peak_memory_stats(device)
         self.memory_history = MemoryHistory(
             cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
         )
         seed_everything(cfg.seed)
-        configure_backends(device, cfg.cudnn_benchmark, cfg.matmul_precision)  # 15, TF32
+        configure_backends(  # 15, TF32
+            device, cfg.cudnn_benchmark, cfg.matmul_precision, cfg.deterministic
+        )
         amp = resolve_amp(cfg.amp.dtype, device)  # 11: against this machine (a CPU: measured)
         if device.type == "cpu" and strategy in ("ddp", "fsdp"):
             amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
@@ -159,9 +169,14 @@ class Trainer:
         )
         self.train_batches = prefetch_to_device(train, cfg, device, self.memory_format)  # 7
         self.val_batches = prefetch_to_device(val, cfg, device, self.memory_format)
-        self.transforms = DeviceTransforms(
-            cfg.device_transforms, device, self.memory_format, cfg.seed
+        self.transforms = DeviceTransforms(  # after the source's own (uint8 batches)
+            cfg.device_transforms,
+            device,
+            self.memory_format,
+            cfg.seed,
+            source_transforms(train_set),
         )
+        self.data_gears = getattr(train_set, "gears", {})  # how a disk source reads its images
         self.model = build_model(cfg.model, device, self.memory_format)  # + model.checkpointing
         self.model.train()
         self.ema = build_ema(cfg.ema, self.model)  # + weight averaging (None: off)
@@ -173,7 +188,8 @@ class Trainer:
             self.memory_format, strategy,
         )  # fmt: skip
         compiled = maybe_compile(self.model, cfg.compile, device)  # 8
-        self.forward = wrap_model(compiled, strategy, device, cfg.distributed)  # 18
+        blocks = model_blocks(self.model)  # FSDP's units
+        self.forward = wrap_model(compiled, strategy, device, cfg.distributed, blocks)  # 18
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.batches_per_epoch = len(self.train_batches)
         self.total_steps = cfg.max_steps or cfg.epochs * math.ceil(
@@ -186,6 +202,7 @@ class Trainer:
         self.best = build_tracker(self.task, cfg.early_stop)  # best.pt, early stopping
         self.saved_step = self.validated_step = None  # the end saves and validates once
         self.position = self.resume()
+        self.transforms.start_at(self.position.epoch * self.batches_per_epoch + self.position.batch)
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
         self.accum, self.set_to_none = cfg.accum, cfg.optimizer.set_to_none
         self.clip_grad_norm = cfg.optimizer.clip_grad_norm
@@ -199,9 +216,8 @@ class Trainer:
         self.meter = PerfMeter(device, cfg.warmup_steps)
         self.profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
         self.meter.leave_out(self.profiler.window)  # the profiled steps run slower
-        self.losses = LossWatch(
-            cfg.on_nonfinite, device, cfg.log_every_n_steps
-        )  # read at log steps
+        # each step's loss on the device, read at log steps; on_nonfinite acts on it
+        self.losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
         self.window_samples = 0
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
@@ -215,10 +231,13 @@ class Trainer:
         if (finished := self.finished_summary()) is not None:
             return RunResult(self.model, self.optimizer, finished, Interval())
         if self.ranks.is_zero:
-            self.logger = build_logger(self.cfg.logger, self.run_dir, self.config, self.run_name)
+            self.logger = build_logger(
+                self.cfg.logger, self.run_dir, self.config, self.run_name, self.position.step
+            )
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
         self.gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
+        self.gears |= self.data_gears
         workers = f"{self.gears['num_workers']} ({self.gears['num_workers_reason']})"
         log.info("on this machine: amp -> %s; loader workers -> %s", self.precision.reason, workers)
         log.info(
@@ -261,6 +280,8 @@ class Trainer:
             if self.best.should_stop and self.checkpoint_at_end and self.saved_step != p.step:
                 self.save()  # early stopping ends with a checkpoint like any other end
             summary = self.summarize()
+        except UnreadableImage as error:  # found mid-epoch: checkpoint, then one line naming it
+            raise error.after(self.save_at_last_step()) from None
         except torch.OutOfMemoryError as error:
             raise TrainingFailed(self.out_of_memory(error)) from None
         finally:
@@ -454,9 +475,8 @@ class Trainer:
     def checkpoint_state(self) -> dict[str, Any] | None:
         """What a checkpoint holds (rank 0; None on the others). Every rank calls it: the
         weights are checked to be finite on all (and gathered, sharded)."""
-        first_bad, finite = self.losses.check(
-            self.model.parameters()
-        )  # never save poisoned weights
+        # never save poisoned weights: one read, agreed over ranks
+        first_bad, finite = self.losses.check(self.model.parameters())
         _, (first_bad, unhealthy) = gather_sum_max(
             [], [-(NONE if first_bad is None else first_bad), float(not finite)], self.device
         )
@@ -477,6 +497,11 @@ class Trainer:
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()  # beside the weights, with the same keys
         return state
+
+    def save_at_last_step(self) -> Path | None:
+        """save() at the last optimizer step: a window cut short is redone on resume."""
+        self.position.batch -= self.position.batch % self.accum
+        return self.save()
 
     def nonfinite(self, step: int | None) -> str:
         """The line a NaN/inf loss (at `step`) or NaN/inf weights end the run with."""
@@ -537,7 +562,7 @@ class Trainer:
             "profile": self.profiler.finish(),
             "nonfinite_skipped_steps": self.losses.skipped,
         }
-        self.profiler.send(self.logger, p.step)
+        self.profiler.report(self.logger, p.step)
         if self.ranks.is_zero:
             write_json_atomic(self.run_dir / "summary.json", summary)
             log_summary(summary)

@@ -74,6 +74,7 @@ class OptimizerConfig:
     nesterov: bool = False
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 5e-4
+    weight_decay_1d: bool = True  # false: biases and norm gains are not decayed (nanoGPT)
     foreach: bool | None = None  # None: torch's default
     fused: bool = False
     set_to_none: bool = False
@@ -84,7 +85,12 @@ class OptimizerConfig:
 
 @dataclass
 class LoggerConfig:
-    name: str = "wandb"  # wandb | none
+    """Where metrics go (observe/loggers.py): each backend on or off, so the options of the
+    `logger` group compose (`logger=[wandb,csv]`); the other keys are W&B's."""
+
+    wandb: bool = False  # W&B, online or offline (mode)
+    tensorboard: bool = False  # TensorBoard event files in <run folder>/tensorboard
+    csv: bool = False  # <run folder>/metrics.csv: step,name,value rows
     project: str = "gearshift"
     entity: str | None = None
     mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
@@ -173,6 +179,7 @@ class Config:
     log_every_n_steps: int = 10
     val_every_n_steps: int | None = None  # None: validate once, at the end
     cudnn_benchmark: bool = False
+    deterministic: Any = False  # false | true | warn: deterministic kernels only (runtime.py)
     matmul_precision: str = "highest"  # highest | high | medium
     progress_bar: bool = True
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (exit 1) | skip (that step's update)

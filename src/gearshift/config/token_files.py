@@ -130,49 +130,75 @@ def check_token_folder(
     if not folder.is_dir():
         what = "not a folder" if folder.exists() else "no such folder"
         raise ConfigError(f"{where}{what}; point it at a folder with train.bin and val.bin")
+    meta, meta_name = read_meta(folder) or ({}, "meta.json")  # an unreadable one: its error
     for key, value in (("data.block_size", block_size), ("data.vocab_size", vocab_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not _is_int(value, 1):
             if key == "data.vocab_size" and value is None:
                 raise ConfigError(
                     f"data.vocab_size=None is not allowed; {folder} has no meta.json or "
                     "meta.pkl with a vocab_size: set data.vocab_size=N"
                 )
             raise ConfigError(f"{key}={value!r} is not allowed; expected an integer >= 1")
-    meta, meta_name = read_meta(folder) or ({}, "meta.json")
-    dtype = meta.get("dtype", dtype_for(meta.get("vocab_size", vocab_size)))
+    for key in ("vocab_size", "max_token_id", "train_tokens", "val_tokens"):
+        if key in meta and not _is_int(meta[key], 0):
+            raise ConfigError(
+                f"{where}{folder / meta_name} says {key} {meta[key]!r}; expected an integer >= 0"
+            )
+    dtype = meta.get("dtype") or dtype_for(meta.get("vocab_size", vocab_size))
     if dtype not in DTYPES:
         raise ConfigError(
             f"{where}{folder / meta_name} says dtype {dtype!r}; choose one of: {', '.join(DTYPES)}"
         )
-    itemsize = np.dtype(dtype).itemsize
-    tokens: dict[str, int] = {}
-    for split in SPLITS if need_val else ("train",):
-        file = folder / f"{split}.bin"
-        if not file.is_file():
-            fix = " (or data.num_val_samples=0: no validation)" if split == "val" else ""
-            raise ConfigError(
-                f"{where}it has no {split}.bin; expected train.bin and val.bin, as "
-                f"scripts/prepare_text.py writes them{fix}"
-            )
-        size = file.stat().st_size
-        if size % itemsize:
-            raise ConfigError(
-                f"{where}{file} has {size} bytes, not a whole number of {dtype} tokens "
-                f"({itemsize} bytes each): it is damaged, or written in another dtype"
-            )
-        tokens[split] = size // itemsize
-        recorded = meta.get(f"{split}_tokens")
-        if recorded is not None and recorded != tokens[split]:
-            raise ConfigError(
-                f"{where}{file} holds {tokens[split]} {dtype} tokens, {meta_name} says "
-                f"{recorded}: it is damaged, or written in another dtype"
-            )
-        if tokens[split] < block_size + 1:
-            raise ConfigError(
-                f"data.block_size={block_size} is not allowed; {file} holds {tokens[split]} "
-                f"tokens, fewer than one window of block_size + 1 = {block_size + 1}"
-            )
-    recorded_max = meta.get("max_token_id")
+    tokens = {
+        split: _split_tokens(folder / f"{split}.bin", dtype, meta, meta_name, block_size, where)
+        for split in (SPLITS if need_val else ("train",))
+    }
+    _check_ids(folder, tokens, dtype, vocab_size, meta.get("max_token_id"), meta_name, where)
+    return TokenFolder(folder, dtype, tokens, meta)
+
+
+def _split_tokens(
+    file: Path, dtype: str, meta: dict[str, Any], meta_name: str, block_size: int, where: str
+) -> int:
+    """The tokens in one split's file: it exists, its size fits the dtype and the meta
+    file's count, and it holds at least one window."""
+    split = file.stem
+    if not file.is_file():
+        fix = " (or data.num_val_samples=0: no validation)" if split == "val" else ""
+        raise ConfigError(
+            f"{where}it has no {split}.bin; expected train.bin and val.bin, as "
+            f"scripts/prepare_text.py writes them{fix}"
+        )
+    size, itemsize = file.stat().st_size, np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise ConfigError(
+            f"{where}{file} has {size} bytes, not a whole number of {dtype} tokens "
+            f"({itemsize} bytes each): it is damaged, or written in another dtype"
+        )
+    tokens, recorded = size // itemsize, meta.get(f"{split}_tokens")
+    if recorded is not None and recorded != tokens:
+        raise ConfigError(
+            f"{where}{file} holds {tokens} {dtype} tokens, {meta_name} says {recorded}: it is "
+            "damaged, or written in another dtype"
+        )
+    if tokens < block_size + 1:
+        raise ConfigError(
+            f"data.block_size={block_size} is not allowed; {file} holds {tokens} tokens, "
+            f"fewer than one window of block_size + 1 = {block_size + 1}"
+        )
+    return tokens
+
+
+def _check_ids(
+    folder: Path,
+    tokens: dict[str, int],
+    dtype: str,
+    vocab_size: int,
+    recorded_max: int | None,
+    meta_name: str,
+    where: str,
+) -> None:
+    """Every token id below vocab_size (and, where recorded, at most max_token_id)."""
     if recorded_max is not None and recorded_max >= vocab_size:
         raise ConfigError(
             f"data.vocab_size={vocab_size} is not allowed; the token ids go up to "
@@ -194,7 +220,15 @@ def check_token_folder(
                 f"{largest}: expected at least {largest + 1} (a damaged file, or one "
                 f"written in another dtype than {dtype}, also does this)"
             )
-    return TokenFolder(folder, dtype, tokens, meta)
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def window_count(tokens: int, block_size: int) -> int:
+    """Windows of block_size + 1 tokens, each starting block_size after the last."""
+    return (tokens - 1) // block_size
 
 
 @functools.lru_cache(maxsize=16)
@@ -236,9 +270,21 @@ def check_token_config(cfg: DictConfig) -> None:
                 f"data.{key}={value!r} is not allowed; expected an integer >= {minimum} "
                 "(or null: every window)"
             )
-    check_token_folder(
+    folder = check_token_folder(
         data.path, data.block_size, data.vocab_size, need_val=data.get("num_val_samples") != 0
     )
+    for split, key in (("train", "num_samples"), ("val", "num_val_samples")):
+        check_window_limit(data.get(key), folder.tokens.get(split, 0), data.block_size, key)
+
+
+def check_window_limit(limit: int | None, tokens: int, block_size: int, key: str) -> None:
+    """data.num_samples / num_val_samples: no more windows than the file holds."""
+    count = window_count(tokens, block_size)
+    if limit is not None and limit > max(count, 0):
+        raise ConfigError(
+            f"data.{key}={limit} is not allowed; the file holds {count} windows of "
+            f"block_size + 1 = {block_size + 1} tokens (null: all of them)"
+        )
 
 
 SOURCE_CHECKS["gearshift.data.tokens.token_files"] = check_token_config

@@ -128,11 +128,21 @@ class EpochSampler(Sampler[int]):
         return iter(order[self.start :].tolist())
 
 
-class LoaderBatches:
-    """A DataLoader over an EpochSampler, with DeviceBatches' set_epoch/len interface."""
+def worker_seed(seed: int, rank: int, epoch: int) -> int:
+    """The seed of the generator a DataLoader draws its workers' base seed from."""
+    return ((seed * 1_000_003 + rank) * 1_000_003 + epoch) % 2**63  # manual_seed's range
 
-    def __init__(self, loader: DataLoader) -> None:
-        self.loader = loader
+
+class LoaderBatches:
+    """A DataLoader over an EpochSampler, with DeviceBatches' set_epoch/len interface.
+
+    The workers' random streams (torch, random, numpy: the DataLoader seeds all three from
+    one base seed) come from the loader's own generator, reseeded for every epoch: a function
+    of (seed, rank, epoch), not of what else drew from torch's global generator before.
+    """
+
+    def __init__(self, loader: DataLoader, seed: int = 0, rank: int = 0) -> None:
+        self.loader, self.seed, self.rank = loader, seed, rank
         self.dataset = loader.dataset
         self.sampler: EpochSampler = loader.sampler
         self.batch_size = loader.batch_size
@@ -143,6 +153,7 @@ class LoaderBatches:
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         self.sampler.set_epoch(epoch, start_batch * self.batch_size)
+        self.loader.generator.manual_seed(worker_seed(self.seed, self.rank, epoch))
 
     def __len__(self) -> int:
         return self.length
@@ -214,11 +225,14 @@ def build_loader(
         num_workers=workers,
         pin_memory=resolve_pin_memory(dl.pin_memory, device),
         collate_fn=getattr(dataset, "collate", None),  # a dataset's own batching, if it has one
+        generator=torch.Generator().manual_seed(worker_seed(seed, rank, 0)),
         **worker_options,
     )
     layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
     # data.decode=gpu: the loader yields JPEG bytes, decoded here on the device
-    return decoded_on_device(LoaderBatches(loader), dataset, device, layout, dl.non_blocking, seed)
+    return decoded_on_device(
+        LoaderBatches(loader, seed, rank), dataset, device, layout, dl.non_blocking, seed
+    )
 
 
 def build_batches(

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from gearshift.config import ConfigError
-from gearshift.config.token_files import check_token_folder
+from gearshift.config.token_files import check_token_folder, check_window_limit, window_count
 from gearshift.data.synthetic import TensorPairs, _pairs_or_none, _split_generator
 
 
@@ -105,12 +104,8 @@ class TokenWindows(Dataset):
 
 def window_starts(tokens: int, block_size: int, limit: int | None, key: str) -> np.ndarray:
     """Where each window begins: every block_size tokens, or `limit` of them spread evenly."""
-    count = (tokens - 1) // block_size
-    if limit is not None and limit > count:
-        raise ConfigError(
-            f"data.{key}={limit} is not allowed; the file holds {count} windows of "
-            f"block_size + 1 = {block_size + 1} tokens (null: all of them)"
-        )
+    check_window_limit(limit, tokens, block_size, key)
+    count = window_count(tokens, block_size)
     index = np.arange(count) if limit is None else np.linspace(0, count - 1, limit).round()
     return index.astype(np.int64) * block_size
 

@@ -19,10 +19,26 @@ def build_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
         "foreach": cfg.foreach,
         "fused": cfg.fused or None,
     }
-    params = model.parameters()
+    params = parameter_groups(model, cfg.weight_decay, cfg.weight_decay_1d)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, momentum=cfg.momentum, nesterov=cfg.nesterov, **common)
     return torch.optim.AdamW(params, betas=tuple(cfg.betas), **common)
+
+
+def parameter_groups(
+    model: nn.Module, weight_decay: float, decay_1d: bool
+) -> list[dict[str, object]]:
+    """One group, or (decay_1d=false, as nanoGPT) the matrices (weights, embeddings: 2-D and
+    up) decayed and the 1-D parameters (biases, norm gains) not: decay pulls a LayerNorm's
+    gain towards 0, not towards its neutral 1."""
+    params = list(model.parameters())
+    if decay_1d:
+        return [{"params": params}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [group for group in groups if group["params"]]
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
@@ -31,9 +47,11 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
 
     Call it on true gradients: under fp16, after the GradScaler has unscaled them. Under DDP
     every rank holds the all-reduced gradients, so its norm is the global one already. Under
-    FSDP each rank holds DTensor shards and torch returns the norm as a DTensor still to be
-    reduced across ranks; `full_tensor()` all-reduces it, so every rank clips with (and
-    reports) the norm over all shards, not its own shard's.
+    FSDP each rank holds DTensor shards: torch (2.14) reduces the shards' partial norms
+    across ranks inside get_total_norm and returns a replicated DTensor, which
+    `full_tensor()` turns into a plain tensor (no further communication) for clipping and
+    logging. So every rank clips with the norm over all shards, never its own shard's
+    (tests/test_distributed.py checks both against one process).
     """
     parameters = [p for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in parameters])

@@ -4,7 +4,7 @@ Each block runs under `torch.utils.checkpoint` (non-reentrant): the backward pas
 only the block's input and recomputes its inner activations when it needs them, so
 activation memory drops to about one block's worth at a time for roughly one extra
 forward pass. The blocks are the children of the model's nn.Sequential containers that
-hold composite modules (ResNet's layerN blocks, a transformer's layers); a model made of
+hold composite modules (blocks.py: ResNet's layerN blocks, the GPT's blocks); a model made of
 flat nn.Sequentials only (conv, BN, ReLU, ...) is cut into segments that each start at a
 weighted layer. Containers are swapped for a Sequential subclass with the same children,
 so parameter names and state-dict keys do not change.
@@ -20,6 +20,8 @@ from contextlib import contextmanager, nullcontext
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from gearshift.models.blocks import holds_blocks
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +108,6 @@ def _flat_segments(sequential: nn.Sequential) -> list[tuple[int, int]]:
     return segments
 
 
-def _holds_blocks(sequential: nn.Sequential) -> bool:
-    return any(any(True for _ in child.children()) for child in sequential)
-
-
 def _convert(module: nn.Module, wanted, segments_of) -> tuple[nn.Module, int]:
     """Swap every outermost Sequential for which `wanted` holds; (new module, segments)."""
     if isinstance(module, nn.Sequential) and wanted(module):
@@ -126,7 +124,7 @@ def _convert(module: nn.Module, wanted, segments_of) -> tuple[nn.Module, int]:
 
 def apply_checkpointing(model: nn.Module) -> nn.Module:
     """`model` with its blocks checkpointed (the root itself is replaced if it is the container)."""
-    model, count = _convert(model, _holds_blocks, lambda s: [(i, i + 1) for i in range(len(s))])
+    model, count = _convert(model, holds_blocks, lambda s: [(i, i + 1) for i in range(len(s))])
     if count == 0:  # no container of blocks: segment the flat Sequentials instead
         model, count = _convert(model, lambda s: len(s) > 1, _flat_segments)
     if count == 0:

@@ -125,12 +125,7 @@ class Profiler:
         self.rows = op_rows(prof, self.device.type == "cuda")
         (self.run_dir / OPS).write_text(self.table(len(self.rows)))
         log.info(
-            "profile of steps %d-%d: %s, %s; top operators by self time:\n%s",
-            self.first_step,
-            self.last_step,
-            self.run_dir / TRACE,
-            self.run_dir / OPS,
-            self.table(LOGGED_ROWS),
+            "profile of steps %d-%d: %s", self.first_step, self.last_step, self.run_dir / TRACE
         )
         self.summary = {"trace": TRACE, "ops": OPS, "steps": [self.first_step, self.last_step]}
         return self.summary
@@ -143,19 +138,26 @@ class Profiler:
     def table(self, limit: int) -> str:
         """The operators by self time, a plain-text table (ops.txt holds all of them)."""
         name, calls, self_ms, total_ms, share = self.columns
-        lines = [f"{name:<48} {calls:>7} {self_ms:>14} {total_ms:>10} {share:>7}"]
+        lines = [f"{name:<40} {calls:>6} {self_ms:>13} {total_ms:>10} {share:>7}"]
         for row in self.rows[:limit]:
             lines.append(
-                f"{row.name[:48]:<48} {row.calls:>7} {row.self_ms:>14.3f} "
+                f"{row.name[:40]:<40} {row.calls:>6} {row.self_ms:>13.3f} "
                 f"{row.total_ms:>10.3f} {100 * row.self_share:>6.1f}%"
             )
         return "\n".join(lines) + "\n"
 
-    def send(self, logger: NullLogger, step: int) -> None:
-        """The operator table to the logger (W&B: `profile/ops`), the trace as a file (W&B:
-        an artifact, online only)."""
+    def report(self, logger: NullLogger, step: int) -> None:
+        """At the end of the run: the top operators to the log, the table to the logger
+        (W&B: `profile/ops`), the trace as a file (W&B: an artifact, online only)."""
         if self.summary is None:
             return
+        log.info(
+            "profile of steps %d-%d, top operators by self time (all: %s):\n%s",
+            self.first_step,
+            self.last_step,
+            self.run_dir / OPS,
+            self.table(LOGGED_ROWS),
+        )
         rows = [[r.name, r.calls, r.self_ms, r.total_ms, 100 * r.self_share] for r in self.rows]
         logger.log_table("profile/ops", self.columns, rows, step)
         logger.log_file(self.run_dir / TRACE, "profile-trace", "profile")

@@ -12,6 +12,7 @@ from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.loading import loader_workers, resolve_pin_memory
 from gearshift.data.prefetch import prefetch_active
 from gearshift.engine.precision import Precision, amp_name
+from gearshift.engine.runtime import deterministic_on
 from gearshift.models.build import resolve_compile
 from gearshift.observe.metrics import PerfMeter, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
@@ -93,7 +94,8 @@ def resolved_gears(
         "checkpointing": bool(cfg.model.get("checkpointing", False)),
         "compile": cfg.compile.mode if compiled else "off",
         "compile_reason": compile_reason,
-        "cudnn_benchmark": cfg.cudnn_benchmark,
+        "cudnn_benchmark": cfg.cudnn_benchmark and not deterministic_on(cfg.deterministic),
+        "deterministic": cfg.deterministic,
         "matmul_precision": cfg.matmul_precision,
         "optimizer": cfg.optimizer.name,
         "fused": cfg.optimizer.fused,

@@ -14,6 +14,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -153,8 +154,15 @@ def destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, strategy: str, device: torch.device, cfg: DictConfig) -> nn.Module:
-    """The module the loop trains through; `model` itself stays the plain, unwrapped one."""
+def wrap_model(
+    model: nn.Module,
+    strategy: str,
+    device: torch.device,
+    cfg: DictConfig,
+    blocks: Sequence[nn.Module] = (),
+) -> nn.Module:
+    """The module the loop trains through; `model` itself stays the plain, unwrapped one.
+    Under FSDP each of `blocks` (models/blocks.py) is a unit of its own, then the root."""
     if strategy == "ddp":
         if cfg.sync_batchnorm:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -170,7 +178,16 @@ def wrap_model(model: nn.Module, strategy: str, device: torch.device, cfg: DictC
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        return fully_shard(model)  # shards parameters, gradients and optimizer state in place
+        # One unit per block: its parameters are gathered just before it runs (forward and
+        # backward) and freed after, so the whole model is never gathered at once; the root
+        # unit keeps the rest (embeddings, head). Shards parameters, gradients and optimizer
+        # state in place. Checkpointing comes first (build_model): a checkpointed block
+        # recomputes in backward inside the window its unit's pre-backward hook gathered
+        # (FSDP2 skips its forward hooks there), so the recomputation gathers nothing again.
+        for block in blocks:
+            fully_shard(block)
+        log.info("fsdp: %d blocks sharded one by one, then the root", len(blocks))
+        return fully_shard(model)
     return model
 
 
