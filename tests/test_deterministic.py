@@ -120,3 +120,23 @@ def test_loader_workers_are_seeded_by_seed_rank_and_epoch():
     assert torch.equal(draws(epoch=1), draws(epoch=1))
     for other in (draws(epoch=1), draws(rank=1), draws(seed=1)):
         assert not torch.equal(other, first)
+
+
+@pytest.mark.gpu
+def test_two_deterministic_cuda_runs_give_bitwise_equal_parameters(tmp_path):
+    """cuDNN's convolutions (and the autotuner, asked for and refused), cuBLAS with its
+    fixed workspace, random crops and flips on the device."""
+    cfg = make_cfg(
+        "device=cuda",
+        "model=resnet18",
+        "deterministic=true",
+        "cudnn_benchmark=true",
+        "device_transforms.hflip=true",
+        "device_transforms.crop_padding=2",
+        "max_steps=6",
+        "data.num_val_samples=0",
+    )
+    first, second = (fit(cfg, tmp_path / name).model.state_dict() for name in "ab")
+    assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), name
