@@ -30,6 +30,7 @@ from PIL import Image
 from torch import nn
 
 from gearshift.config import ConfigError, check_config
+from gearshift.data.decode import UnreadableImage
 from gearshift.data.loading import build_data, build_loader
 from gearshift.data.staging import stage, staged_path
 from gearshift.trainer import fit
@@ -73,8 +74,8 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def plain(cfg_overrides: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """No normalisation, so tensors show the decoded pixels / 255."""
-    return ("data.mean=null", "data.std=null", *cfg_overrides)
+    """Float batches made on the host, no normalisation: tensors show the decoded pixels / 255."""
+    return ("data.batch_dtype=float32", "data.mean=null", "data.std=null", *cfg_overrides)
 
 
 # ---------------------------------------------------------------- image folders
@@ -152,10 +153,22 @@ def test_images_decode_to_their_pixels_at_the_training_size(tmp_path):
     assert gray.dataset[0][0].shape == (1, 16, 16)
 
     normed, _ = build_data(
-        folder_cfg(tmp_path, "data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]"), "cpu"
+        folder_cfg(
+            tmp_path,
+            "data.batch_dtype=float32",
+            "data.mean=[0.5,0.5,0.5]",
+            "data.std=[0.25,0.25,0.25]",
+        ),
+        "cpu",
     )
     raw, _ = build_data(folder_cfg(tmp_path, *plain()), CPU)
     assert torch.allclose(normed.dataset[0][0], (raw.dataset[0][0] - 0.5) / 0.25)
+
+    uint8, _ = build_data(folder_cfg(tmp_path), CPU)  # the default: bytes, normalised later
+    image = uint8.dataset[0][0]
+    assert image.dtype == torch.uint8 and torch.equal(
+        image, (raw.dataset[0][0] * 255).round().byte()
+    )
 
 
 def test_check_images_decode_catches_damage_that_the_header_check_misses(tmp_path):
@@ -168,7 +181,7 @@ def test_check_images_decode_catches_damage_that_the_header_check_misses(tmp_pat
 
     train, _ = build_data(folder_cfg(tmp_path, "data.val_fraction=0"), CPU)  # header: passes
     index = [path for path, _ in train.dataset.samples].index(str(damaged))
-    with pytest.raises(RuntimeError, match=re.escape(f"cannot decode image {damaged}")):
+    with pytest.raises(UnreadableImage, match=re.escape(f"cannot decode image {damaged}")):
         train.dataset[index]  # named when the loader reaches it
 
 
@@ -188,7 +201,9 @@ def test_augment_varies_training_images_only(tmp_path):
         (tmp_path / f"c{k}").mkdir()
         for i in range(4):
             Image.fromarray(pixels).save(tmp_path / f"c{k}" / f"{i}.png")
-    cfg = folder_cfg(tmp_path, "data.augment=true", "data.val_fraction=0.25")
+    cfg = folder_cfg(
+        tmp_path, "data.augment=true", "data.val_fraction=0.25", "data.batch_dtype=float32"
+    )  # augmented on the host; on the device: test_images_uint8.py
     train, val = build_data(cfg, CPU)
     draws = torch.stack([train.dataset[0][0] for _ in range(32)])
     assert (draws != draws[0]).any(dim=(1, 2, 3)).sum() >= 8  # shifted and flipped

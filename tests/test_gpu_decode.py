@@ -18,7 +18,7 @@ from PIL import Image
 from torchvision.transforms.v2 import functional as TF
 
 from gearshift.config import ConfigError, check_config
-from gearshift.data.device_transforms import DeviceTransforms
+from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.gpu_decode import (
     DamagedJpeg,
     DeviceDecodedBatches,
@@ -69,7 +69,8 @@ def jpeg_cfg(path: Path, decode: str, *overrides: str):
 def model_inputs(cfg, batches, train: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """What the model sees of each batch: placed as Trainer.place does, on the CPU."""
     layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
-    transforms = DeviceTransforms(cfg.device_transforms, CPU, layout, cfg.seed)
+    source = source_transforms(getattr(batches, "dataset", None))  # the host's uint8 batches
+    transforms = DeviceTransforms(cfg.device_transforms, CPU, layout, cfg.seed, source)
     placed = [to_device(batch, CPU, False, layout) for batch in batches]
     return [(transforms(images, train), labels) for images, labels in placed]
 

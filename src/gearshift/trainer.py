@@ -27,7 +27,8 @@ from torch import nn
 
 from gearshift.batch_finder import resolve_batch_size
 from gearshift.config.checks import locate
-from gearshift.data.device_transforms import DeviceTransforms
+from gearshift.data.decode import UnreadableImage
+from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
@@ -164,9 +165,14 @@ class Trainer:
         )
         self.train_batches = prefetch_to_device(train, cfg, device, self.memory_format)  # 7
         self.val_batches = prefetch_to_device(val, cfg, device, self.memory_format)
-        self.transforms = DeviceTransforms(
-            cfg.device_transforms, device, self.memory_format, cfg.seed
+        self.transforms = DeviceTransforms(  # after the source's own (uint8 batches)
+            cfg.device_transforms,
+            device,
+            self.memory_format,
+            cfg.seed,
+            source_transforms(train_set),
         )
+        self.data_gears = getattr(train_set, "gears", {})  # how a disk source reads its images
         self.model = build_model(cfg.model, device, self.memory_format)  # + model.checkpointing
         self.model.train()
         self.advice = advise(cfg, self.model, device, self.precision.dtype)  # 9, 10, 15-18
@@ -189,6 +195,7 @@ class Trainer:
         self.checkpoints = run_dir / "checkpoints"
         self.sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
         self.position = self.resume()
+        self.transforms.start_at(self.position.epoch * self.batches_per_epoch + self.position.batch)
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
         self.accum, self.set_to_none = cfg.accum, cfg.optimizer.set_to_none
         self.clip_grad_norm = cfg.optimizer.clip_grad_norm
@@ -202,9 +209,8 @@ class Trainer:
         self.meter = PerfMeter(device, cfg.warmup_steps)
         self.profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
         self.meter.leave_out(self.profiler.window)  # the profiled steps run slower
-        self.losses = LossWatch(
-            cfg.on_nonfinite, device, cfg.log_every_n_steps
-        )  # read at log steps
+        # each step's loss on the device, read at log steps; on_nonfinite acts on it
+        self.losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
         self.window_samples = 0
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
@@ -223,6 +229,7 @@ class Trainer:
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         p, summary = self.position, None
         self.gears = resolved_gears(self.cfg, self.precision, self.device, self.strategy)
+        self.gears |= self.data_gears
         workers = f"{self.gears['num_workers']} ({self.gears['num_workers_reason']})"
         log.info("on this machine: amp -> %s; loader workers -> %s", self.precision.reason, workers)
         log.info(
@@ -262,6 +269,8 @@ class Trainer:
                         p.epoch, p.batch = p.epoch + 1, 0
             self.validate()
             summary = self.summarize()
+        except UnreadableImage as error:  # found mid-epoch: checkpoint, then one line naming it
+            raise error.after(self.save_at_last_step()) from None
         except torch.OutOfMemoryError as error:
             raise TrainingFailed(self.out_of_memory(error)) from None
         finally:
@@ -413,9 +422,8 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Checkpoint the run at its position; rank 0 writes (sharded: every rank gathers)."""
-        first_bad, finite = self.losses.check(
-            self.model.parameters()
-        )  # never save poisoned weights
+        # never save poisoned weights: one read, agreed over ranks
+        first_bad, finite = self.losses.check(self.model.parameters())
         _, (first_bad, unhealthy) = gather_sum_max(
             [], [-(NONE if first_bad is None else first_bad), float(not finite)], self.device
         )
@@ -433,6 +441,11 @@ class Trainer:
             self.config, model_state, optimizer_state, self.precision.scaler, self.schedule, where
         )
         return save_checkpoint(state, self.checkpoints, p.step, keep=self.cfg.checkpoint.keep)
+
+    def save_at_last_step(self) -> Path | None:
+        """save() at the last optimizer step: a window cut short is redone on resume."""
+        self.position.batch -= self.position.batch % self.accum
+        return self.save()
 
     def nonfinite(self, step: int | None) -> str:
         """The line a NaN/inf loss (at `step`) or NaN/inf weights end the run with."""

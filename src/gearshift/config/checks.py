@@ -41,6 +41,9 @@ SOURCES = {
 # Sources whose files another config module checks (config/token_files.py), by _target_.
 SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 CHECK_IMAGES = ("header", "decode", "off")
+BATCH_DTYPES = ("uint8", "float32")  # data/images.py host_transform
+DECODERS = ("auto", "pil", "torchvision", "simplejpeg")  # data/decode.py
+STAGE_FORMATS = ("copy", "jpeg", "raw")  # data/resized.py
 DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py)
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
@@ -51,6 +54,9 @@ DISK_ONLY = {
     "augment": False,
     "mean": None,
     "std": None,
+    "batch_dtype": "uint8",
+    "decoder": "auto",
+    "stage_format": "copy",
 }
 
 
@@ -58,10 +64,10 @@ def _fail(key: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"{key}={value!r} is not allowed; {allowed}")
 
 
-def _check_choice(cfg: DictConfig, key: str, choices: tuple[str, ...]) -> None:
+def _check_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], prefix: str = "") -> None:
     value = OmegaConf.select(cfg, key)
     if value not in choices:
-        _fail(key, value, "choose one of: " + ", ".join(choices))
+        _fail(prefix + key, value, "choose one of: " + ", ".join(choices))
 
 
 def _check_int(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
@@ -145,6 +151,8 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
         _check_choice(cfg, "data.check_images", CHECK_IMAGES)
         _check_choice(cfg, "data.decode", DECODES)
         _check_gpu_decode(cfg)
+        _check_decoding(data)
+    _check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
         _fail(
@@ -170,6 +178,32 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
             _fail(
                 "data.stage_to", data.stage_to, "it lies inside data.path; choose a folder outside"
             )
+
+
+def _check_decoding(data: DictConfig) -> None:
+    """imagefolder: the decoder is one this machine has; a resized copy has somewhere to go."""
+    _check_choice(data, "decoder", DECODERS, "data.")
+    if data.decoder == "simplejpeg" and importlib.util.find_spec("simplejpeg") is None:
+        _fail(
+            "data.decoder",
+            data.decoder,
+            "simplejpeg is not installed; pip install 'gearshift[jpeg]' or choose auto",
+        )
+    _check_choice(data, "stage_format", STAGE_FORMATS, "data.")
+    if data.stage_format != "copy" and data.decode == "gpu":
+        _fail(
+            "data.stage_format",
+            data.stage_format,
+            "data.decode=gpu reads the source JPEGs; use stage_format=copy with it",
+        )
+    if data.stage_format != "copy" and not data.stage_to:
+        _fail(
+            "data.stage_format",
+            data.stage_format,
+            "a resized copy needs data.stage_to=DIR (a local disk)",
+        )
+    if not (isinstance(data.stage_quality, int) and 1 <= data.stage_quality <= 100):
+        _fail("data.stage_quality", data.stage_quality, "expected an integer from 1 to 100")
 
 
 def _check_gpu_decode(cfg: DictConfig) -> None:

@@ -74,6 +74,7 @@ class OptimizerConfig:
     nesterov: bool = False
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 5e-4
+    weight_decay_1d: bool = True  # false: biases and norm gains are not decayed (nanoGPT)
     foreach: bool | None = None  # None: torch's default
     fused: bool = False
     set_to_none: bool = False

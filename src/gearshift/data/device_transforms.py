@@ -1,36 +1,68 @@
 """Normalisation and simple augmentation on the training device (`device_transforms.*`).
 
 Done after the copy, batch-wide, on the device: the host (or the loader's workers) only
-decodes and copies, and the per-pixel arithmetic runs where the FLOPs are cheap. Random
-draws come from a seeded generator on the device, so augmenting costs no host round trip
-and a run is reproducible. Training batches are cropped and flipped; validation batches
-are only normalised. Integer images (uint8) become floats in [0, 1] here, so the copy
-moves one byte per pixel instead of four.
+decodes and copies, and the per-pixel arithmetic runs where the FLOPs are cheap. Training
+batches are cropped and flipped; validation batches are only normalised. Integer images
+(uint8) become floats in [0, 1] here, so the copy moves one byte per pixel instead of four.
+
+Two stages, in this order: the data source's own (a disk source serving uint8 batches,
+`data.batch_dtype=uint8`, hands its `data.augment`, `data.mean` and `data.std` over to the
+device, as `source_transforms`), then the `device_transforms` group's. The random draws of
+the n-th training batch come from a device generator seeded by (seed, n): no host round
+trip, and a run resumed at batch n draws what the uninterrupted run drew (`start_at`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+
+_BATCH_SEED_STRIDE = 1_000_003  # a prime: (seed, batch) pairs map to distinct seeds
+
+
+class Stage:
+    """One set of transforms: normalize, hflip, crop_padding (the group's field names)."""
+
+    def __init__(self, cfg: Any, device: torch.device) -> None:
+        self.normalize, self.hflip, self.padding = cfg.normalize, cfg.hflip, cfg.crop_padding
+        self.mean = torch.tensor(list(cfg.mean), device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(list(cfg.std), device=device).view(1, -1, 1, 1)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.normalize or self.hflip or self.padding)
+
+    def __call__(self, images: torch.Tensor, train: bool, generator: torch.Generator):
+        if train and self.padding:
+            images = random_crop(images, self.padding, generator)
+        if train and self.hflip:
+            images = random_hflip(images, generator)
+        if self.normalize:
+            images = (images - self.mean) / self.std
+        return images
 
 
 class DeviceTransforms:
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: Any,
         device: torch.device,
         memory_format: torch.memory_format,
         seed: int,
+        source: Mapping[str, Any] | None = None,
     ) -> None:
-        self.normalize, self.hflip, self.padding = cfg.normalize, cfg.hflip, cfg.crop_padding
-        self.mean = torch.tensor(list(cfg.mean), device=device).view(1, -1, 1, 1)
-        self.std = torch.tensor(list(cfg.std), device=device).view(1, -1, 1, 1)
-        self.memory_format = memory_format
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        """`cfg`: the device_transforms group; `source`: the source's own stage (same keys)."""
+        stages = [Stage(_Fields(source), device)] if source else []
+        self.stages = [s for s in (*stages, Stage(cfg, device)) if s.active]
+        self.memory_format, self.seed = memory_format, seed
+        self.generator = torch.Generator(device=device)
+        self.batches = 0  # training batches transformed so far
 
     @staticmethod
-    def describe(cfg: DictConfig) -> str:
+    def describe(cfg: Any) -> str:
         """The switched-on transforms, for the summary's gears: e.g. "normalize+hflip+crop4"."""
         parts = [
             *(["normalize"] if cfg.normalize else []),
@@ -41,7 +73,11 @@ class DeviceTransforms:
 
     @property
     def active(self) -> bool:
-        return bool(self.normalize or self.hflip or self.padding)
+        return bool(self.stages)
+
+    def start_at(self, batches: int) -> None:
+        """Continue as if `batches` training batches had been transformed (a resumed run)."""
+        self.batches = batches
 
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
@@ -50,28 +86,43 @@ class DeviceTransforms:
             images = images.float().div_(255)
         elif not self.active:
             return images
-        if train and self.padding:
-            images = self.random_crop(images)
-        if train and self.hflip:
-            images = self.random_hflip(images)
-        if self.normalize:
-            images = (images - self.mean) / self.std
+        if train:  # cheap on any device: seeding queues no work and reads nothing back
+            self.generator.manual_seed(self.seed * _BATCH_SEED_STRIDE + self.batches)
+            self.batches += 1
+        for stage in self.stages:
+            images = stage(images, train, self.generator)
         return images.contiguous(memory_format=self.memory_format)
 
-    def random_crop(self, images: torch.Tensor) -> torch.Tensor:
-        """Each sample: a random HxW window of the image zero-padded by `padding` on every side."""
-        n, c, h, w = images.shape
-        p, device = self.padding, images.device
-        padded = F.pad(images, (p, p, p, p))
-        top = torch.randint(0, 2 * p + 1, (n, 1), device=device, generator=self.generator)
-        left = torch.randint(0, 2 * p + 1, (n, 1), device=device, generator=self.generator)
-        rows = (top + torch.arange(h, device=device))[:, None, :, None]
-        cols = (left + torch.arange(w, device=device))[:, None, None, :]
-        samples = torch.arange(n, device=device)[:, None, None, None]
-        channels = torch.arange(c, device=device)[None, :, None, None]
-        return padded[samples, channels, rows, cols]
 
-    def random_hflip(self, images: torch.Tensor) -> torch.Tensor:
-        """Mirror a random half of the samples left to right."""
-        flip = torch.rand(images.shape[0], device=images.device, generator=self.generator) < 0.5
-        return torch.where(flip[:, None, None, None], images.flip(3), images)
+class _Fields:
+    """A mapping's keys as attributes, with the group's do-nothing defaults."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self.normalize = values.get("normalize", False)
+        self.mean, self.std = values.get("mean", [0.0]), values.get("std", [1.0])
+        self.hflip, self.crop_padding = values.get("hflip", False), values.get("crop_padding", 0)
+
+
+def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Each sample: a random HxW window of the image zero-padded by `padding` on every side."""
+    n, c, h, w = images.shape
+    p, device = padding, images.device
+    padded = F.pad(images, (p, p, p, p))
+    top = torch.randint(0, 2 * p + 1, (n, 1), device=device, generator=generator)
+    left = torch.randint(0, 2 * p + 1, (n, 1), device=device, generator=generator)
+    rows = (top + torch.arange(h, device=device))[:, None, :, None]
+    cols = (left + torch.arange(w, device=device))[:, None, None, :]
+    samples = torch.arange(n, device=device)[:, None, None, None]
+    channels = torch.arange(c, device=device)[None, :, None, None]
+    return padded[samples, channels, rows, cols]
+
+
+def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Mirror a random half of the samples left to right."""
+    flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
+    return torch.where(flip[:, None, None, None], images.flip(3), images)
+
+
+def source_transforms(dataset: Any) -> Mapping[str, Any] | None:
+    """The transforms a source left to the device (its `device_transforms` attribute)."""
+    return getattr(dataset, "device_transforms", None)

@@ -42,14 +42,16 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
+from gearshift.data.decode import UnreadableImage
 from gearshift.data.device_transforms import DeviceTransforms
 
 JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker, then the first segment's marker
 READ_MODES = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}  # data.channels -> decode mode
 
 
-class DamagedJpeg(RuntimeError):
-    """A JPEG that passed the magic-bytes check but whose data cannot be decoded."""
+class DamagedJpeg(UnreadableImage):
+    """A JPEG that passed the magic-bytes check but whose data cannot be decoded (the trainer
+    checkpoints and ends the run with its one line, like any UnreadableImage)."""
 
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"cannot decode image {path}: {reason}")

@@ -1,8 +1,10 @@
 """Sources read from disk: `data=imagefolder` (your images) and `data=cifar10`.
 
-Both hand images over as tensors built with `torch.from_numpy` (docs/gears.md tip 6: no copy, no
-per-pixel Python), then run the same torchvision transforms v2 pipeline: resize to
-`data.image_size`, optional light augmentation, float32 in [0, 1], optional normalisation.
+Both hand images over as uint8 tensors of `data.image_size` squared (decode.py; tip 6: built
+with `torch.from_numpy`, no per-pixel Python). With `data.batch_dtype=uint8` (the default)
+that is what a batch holds: the optional light augmentation, the float conversion and the
+optional normalisation happen on the training device (`device_stage`, device_transforms.py).
+With `float32` they happen here, per image, in torchvision's transforms v2 (`host_transform`).
 
 Problems with the data itself (no images, a file that is not an image, a class count
 other than `data.num_classes`) raise `ConfigError` here, before any training step, and
@@ -15,10 +17,11 @@ import logging
 import os
 import pickle
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,13 +30,14 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from gearshift.config import ConfigError
+from gearshift.data.decode import centre_square, choose_decoder
 from gearshift.data.gpu_decode import JpegFiles, find_non_jpegs
+from gearshift.data.resized import stage_resized
 from gearshift.data.staging import file_lock, stage
 
 log = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm")
-PIL_MODES = {1: "L", 3: "RGB"}  # data.channels -> the mode images are converted to
 CIFAR_FOLDER = "cifar-10-batches-py"
 CIFAR_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR_TEST = "test_batch"
@@ -47,23 +51,40 @@ def _bad_path(path: Path | str, reason: str) -> ConfigError:
 # ---------------------------------------------------------------- transforms
 
 
-def image_transform(data: SimpleNamespace, source_size: int | None, train: bool) -> v2.Compose:
-    """uint8 CHW tensor -> float32 CHW tensor of `data.image_size` squared.
+def host_transform(data: SimpleNamespace, train: bool) -> v2.Compose | None:
+    """What the host does to a uint8 CHW image of `data.image_size` squared, per sample.
 
-    Resizing keeps the aspect ratio (shorter side to the size, then a centre crop);
-    `source_size` names a size every image already has (CIFAR), which skips it.
-    `data.augment` adds a padded random crop and a horizontal flip to training images.
+    `data.batch_dtype=uint8`: nothing (None); the batch goes to the device as it is and
+    `device_transforms` (see `device_stage`) does the rest there. `float32`: the optional
+    augmentation (a padded random crop and a horizontal flip, training images only), float32
+    in [0, 1], the optional normalisation, all here.
     """
-    size = data.image_size
-    steps: list = []
-    if source_size != size:
-        steps += [v2.Resize(size, antialias=True), v2.CenterCrop(size)]
+    if data.batch_dtype == "uint8":
+        return None
+    size, steps = data.image_size, []
     if data.augment and train:
-        steps += [v2.RandomCrop(size, padding=max(1, size // 8)), v2.RandomHorizontalFlip()]
+        steps += [v2.RandomCrop(size, padding=crop_padding(size)), v2.RandomHorizontalFlip()]
     steps.append(v2.ToDtype(torch.float32, scale=True))
     if data.mean is not None:
         steps.append(v2.Normalize(list(data.mean), list(data.std)))
     return v2.Compose(steps)
+
+
+def crop_padding(size: int) -> int:
+    return max(1, size // 8)
+
+
+def device_stage(data: SimpleNamespace) -> dict[str, Any] | None:
+    """`data.batch_dtype=uint8`: the host's transforms, as device_transforms keys."""
+    if data.batch_dtype != "uint8":
+        return None
+    return {
+        "normalize": data.mean is not None,
+        "mean": list(data.mean or [0.0]),
+        "std": list(data.std or [1.0]),
+        "hflip": bool(data.augment),
+        "crop_padding": crop_padding(data.image_size) if data.augment else 0,
+    }
 
 
 def take(count: int, limit: int | None, seed: int) -> list[int] | None:
@@ -77,20 +98,12 @@ def take(count: int, limit: int | None, seed: int) -> list[int] | None:
 # ---------------------------------------------------------------- image folders
 
 
-def load_image(path: str, mode: str, size: int) -> torch.Tensor:
-    """Decode one file into a uint8 CHW tensor (`from_numpy` on PIL's pixels)."""
-    try:
-        with Image.open(path) as image:
-            image.draft(mode, (size, size))  # JPEG: decode at a reduced scale still >= size
-            pixels = np.array(image.convert(mode))  # HWC (or HW), a fresh writable array
-    except (OSError, ValueError) as error:  # damaged data behind a valid header
-        raise RuntimeError(f"cannot decode image {path}: {error}") from error
-    tensor = torch.from_numpy(pixels)
-    return tensor.unsqueeze(0) if tensor.ndim == 2 else tensor.permute(2, 0, 1)
-
-
 class ImageFiles(Dataset):
-    """(path, label) pairs decoded on access, in the loader's worker processes."""
+    """(path, label) pairs decoded on access, in the loader's worker processes.
+
+    `read` turns a path into a uint8 CHW image of the training size: a decoder
+    (decode.py), or the reader of a staged resized copy (resized.py).
+    """
 
     def __init__(
         self,
@@ -98,17 +111,21 @@ class ImageFiles(Dataset):
         classes: list[str],
         data: SimpleNamespace,
         train: bool,
+        read: Callable[[str], torch.Tensor],
+        gears: dict[str, Any],
     ) -> None:
-        self.samples, self.classes = list(samples), classes
-        self.mode, self.size = PIL_MODES[data.channels], data.image_size
-        self.transform = image_transform(data, None, train)
+        self.samples, self.classes, self.read = list(samples), classes, read
+        self.transform = host_transform(data, train)
+        self.device_transforms = device_stage(data)
+        self.gears = gears  # how the images are read, for summary.json's gears
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         path, label = self.samples[index]
-        return self.transform(load_image(path, self.mode, self.size)), label
+        image = self.read(path)
+        return (image if self.transform is None else self.transform(image)), label
 
 
 def _visible_dirs(folder: Path) -> list[str]:
@@ -230,8 +247,24 @@ def image_folder_datasets(data: SimpleNamespace, root: Path) -> tuple[Dataset, D
     )
     if data.decode == "gpu":  # workers read bytes, the device decodes (data/gpu_decode.py)
         return _jpeg_files(data, classes, train, val)
-    train_set = ImageFiles(train, classes, data, train=True)
-    return train_set, (ImageFiles(val, classes, data, train=False) if val else None)
+    read, gears = image_reader(data, [path for path, _ in train + val])
+    train_set = ImageFiles(train, classes, data, True, read, gears)
+    return train_set, (ImageFiles(val, classes, data, False, read, gears) if val else None)
+
+
+def image_reader(
+    data: SimpleNamespace, paths: list[str]
+) -> tuple[Callable[[str], torch.Tensor], dict[str, Any]]:
+    """(path -> uint8 image of the training size, the gears that say how): a staged resized
+    copy with `data.stage_format=jpeg|raw`, else the fastest decoder (`data.decoder`)."""
+    gears: dict[str, Any] = {"data_batch_dtype": data.batch_dtype}
+    if data.stage_to and data.stage_format != "copy":
+        staged = stage_resized(paths, data, Path(data.stage_to))
+        log.info("data: reading %s", staged.describe())
+        return staged, gears | {"staged": staged.describe()}
+    decoder, reason = choose_decoder(data.decoder, paths, data.channels, data.image_size)
+    log.info("data: decoding with %s (%s)", decoder.name, reason)
+    return decoder, gears | {"decoder": decoder.name, "decoder_reason": reason}
 
 
 def _jpeg_files(
@@ -262,16 +295,25 @@ def _subset(samples: list, limit: int | None, seed: int) -> list:
 
 
 class TensorImageSet(Dataset):
-    """uint8 NCHW images held in memory; each item goes through the transform."""
+    """uint8 NCHW images held in memory, resized on access to `data.image_size` when theirs
+    differs, then through the host transform (none on the uint8 path)."""
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, transform: v2.Compose) -> None:
-        self.images, self.labels, self.transform = images, labels, transform
+    def __init__(
+        self, images: torch.Tensor, labels: torch.Tensor, data: SimpleNamespace, train: bool
+    ) -> None:
+        self.images, self.labels, self.size = images, labels, data.image_size
+        self.transform = host_transform(data, train)
+        self.device_transforms = device_stage(data)
+        self.gears = {"data_batch_dtype": data.batch_dtype}
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.transform(self.images[index]), self.labels[index]
+        image = self.images[index]
+        if image.shape[-1] != self.size:
+            image = centre_square(image, self.size)
+        return (image if self.transform is None else self.transform(image)), self.labels[index]
 
 
 def cifar_folder(root: Path) -> Path:
@@ -332,8 +374,7 @@ def cifar_datasets(
         keep = take(len(labels), limit, data.split_seed)
         if keep is not None:
             images, labels = images[keep], labels[keep]
-        transform = image_transform(data, CIFAR_SIZE, train)
-        sets.append(TensorImageSet(images, labels, transform))
+        sets.append(TensorImageSet(images, labels, data, train))
     log.info("data: CIFAR-10, %d training and %d test images from %s", *map(len, sets), folder)
     return sets[0], (sets[1] if len(sets[1]) else None)
 
@@ -355,14 +396,19 @@ def image_folder(
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     stage_to: str | None = None,
+    stage_format: str = "copy",
+    stage_quality: int = 90,
+    batch_dtype: str = "uint8",
+    decoder: str = "auto",
     decode: str = "host",
 ) -> tuple[Dataset, Dataset | None]:
     """`data=imagefolder`: (train, validation or None) from a folder of class folders,
-    staged to local disk first when `stage_to` is set (tip 1); `decode="gpu"` hands the
-    files' bytes over for decoding on the device (data/gpu_decode.py)."""
+    staged to local disk first when `stage_to` is set (tip 1): the folder as it is
+    (`stage_format=copy`), or every image pre-resized (`jpeg`, `raw`: resized.py);
+    `decode="gpu"` hands the files' bytes over for decoding on the device (gpu_decode.py)."""
     options = SimpleNamespace(**locals())  # the keys, as the data node names them
     root = Path(path).expanduser()
-    if stage_to:
+    if stage_to and stage_format == "copy":
         root = stage(root, Path(stage_to))
     return image_folder_datasets(options, root)
 
@@ -380,6 +426,7 @@ def cifar10(
     std: Sequence[float] | None = None,
     download: bool = False,
     stage_to: str | None = None,
+    batch_dtype: str = "uint8",
 ) -> tuple[TensorImageSet, TensorImageSet | None]:
     """`data=cifar10`: the five training batches and the test batch (validation), fetched
     first with `download`, staged to local disk first with `stage_to` (tip 1)."""

@@ -39,10 +39,11 @@ def file_lock(path: Path) -> Iterator[None]:
         os.close(fd)  # closing releases the lock
 
 
-def staged_path(source: Path, stage_to: Path) -> Path:
-    """Where `source` is copied: its name plus a hash of its absolute path (no clashes)."""
+def staged_path(source: Path, stage_to: Path, key: str = "") -> Path:
+    """Where `source` is copied: its name plus a hash of its absolute path (no clashes) and
+    of `key` (what else the copy depends on: resized.py's format, size and file list)."""
     source = source.resolve()
-    digest = hashlib.sha1(str(source).encode()).hexdigest()[:8]
+    digest = hashlib.sha1((str(source) + key).encode()).hexdigest()[:8]
     return stage_to / f"{source.name}-{digest}"
 
 
@@ -50,13 +51,14 @@ def stage(
     source: Path,
     stage_to: Path,
     copy: Callable[[Path, Path], object] = shutil.copytree,
+    key: str = "",
 ) -> Path:
     """The path of a complete copy of the folder `source` under `stage_to`; copy if none yet.
 
     `copy(src, dst)` must create `dst`; tests pass a slow one to make processes overlap.
     """
     source, stage_to = Path(source), Path(stage_to).expanduser()
-    target = staged_path(source, stage_to)
+    target = staged_path(source, stage_to, key)
     if target.is_dir():  # only a finished copy ever has this name
         log.info("data: reusing the staged copy %s", target)
         return target
@@ -68,7 +70,11 @@ def stage(
             shutil.rmtree(stale, ignore_errors=True)
         temporary = stage_to / f"{target.name}{_TMP_INFIX}{os.getpid()}"
         start = time.perf_counter()
-        copy(source, temporary)
+        try:
+            copy(source, temporary)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
         os.rename(temporary, target)  # atomic: the final name appears complete or not at all
         log.info("data: staged %s to %s in %.1f s", source, target, time.perf_counter() - start)
     return target

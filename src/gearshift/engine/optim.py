@@ -19,10 +19,26 @@ def build_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
         "foreach": cfg.foreach,
         "fused": cfg.fused or None,
     }
-    params = model.parameters()
+    params = parameter_groups(model, cfg.weight_decay, cfg.weight_decay_1d)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, momentum=cfg.momentum, nesterov=cfg.nesterov, **common)
     return torch.optim.AdamW(params, betas=tuple(cfg.betas), **common)
+
+
+def parameter_groups(
+    model: nn.Module, weight_decay: float, decay_1d: bool
+) -> list[dict[str, object]]:
+    """One group, or (decay_1d=false, as nanoGPT) the matrices (weights, embeddings: 2-D and
+    up) decayed and the 1-D parameters (biases, norm gains) not: decay pulls a LayerNorm's
+    gain towards 0, not towards its neutral 1."""
+    params = list(model.parameters())
+    if decay_1d:
+        return [{"params": params}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [group for group in groups if group["params"]]
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:

@@ -22,6 +22,8 @@ from itertools import pairwise
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import fx, nn
+from torch.func import functional_call
+from torch.overrides import TorchFunctionMode
 
 from gearshift.data.loading import resolve_num_workers, resolve_pin_memory
 from gearshift.engine.precision import (
@@ -33,6 +35,7 @@ from gearshift.engine.precision import (
 )
 from gearshift.models.build import resolve_compile
 from gearshift.models.checkpointing import recompute_disabled
+from gearshift.tasks import Task, build_task
 
 log = logging.getLogger(__name__)
 
@@ -292,6 +295,110 @@ def compile_short_last_batch(s: Subject) -> Finding | None:
     )
 
 
+def _vocabularies(model: nn.Module) -> list[tuple[str, int]]:
+    """(name, rows) of the token embeddings whose rows are also a linear head's outputs (the
+    vocabulary: tied, or the same size): a lookup costs nothing, the head's matmul does."""
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return [
+        (name, module.num_embeddings)
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Embedding)
+        and any(h.weight is module.weight or h.out_features == module.num_embeddings for h in heads)
+    ]
+
+
+def transformer_widths_multiple_of_64(s: Subject) -> Finding | None:
+    if not s.cuda:
+        return None
+    model = _unwrapped(s.model)
+    odd = [f"'{name}' (vocabulary {rows})" for name, rows in _vocabularies(model) if rows % 64]
+    odd += [
+        f"'{name}' (hidden size {m.embedding_dim})"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Embedding) and m.embedding_dim % 64
+    ]
+    if not odd:
+        return None
+    return Finding(
+        "transformer-width-multiple-of-64",
+        f"{len(odd)} transformer size(s) are not multiples of 64, so the matmuls of the "
+        f"embedding, the head and every block run in partly filled GPU tiles: {_named(odd)}",
+        "pad the vocabulary up to a multiple of 64 (model=gpt: model.pad_vocab_to=64, GPT-2's "
+        "50257 -> 50304; the padded ids are never used) and choose a hidden size (n_embd) "
+        "that is a multiple of 64",
+    )
+
+
+class _AttentionCalls(TorchFunctionMode):
+    """Counts what a forward pass calls: fused attention, and attention done by hand (a
+    softmax over square (..., T, T) scores; nn.MultiheadAttention asked for its weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fused = self.by_hand = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "scaled_dot_product_attention":
+            self.fused += 1
+        elif name == "softmax" and _square_scores(args[0] if args else None):
+            self.by_hand += 1
+        elif name == "multi_head_attention_forward" and kwargs.get("need_weights", True):
+            self.by_hand += 1  # need_weights=True: torch computes softmax(QK^T) itself
+        return func(*args, **kwargs)
+
+
+def _square_scores(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[-1] == x.shape[-2] > 1
+
+
+def _has_attention(model: nn.Module) -> bool:
+    """Cheap gate before the probe's forward pass: embeddings or something named attention."""
+    return any(
+        isinstance(m, (nn.Embedding, nn.MultiheadAttention))
+        or "attention" in type(m).__name__.lower()
+        or "attn" in type(m).__name__.lower()
+        for m in model.modules()
+    )
+
+
+def attention_calls(model: nn.Module, task: Task, device: torch.device) -> _AttentionCalls:
+    """One forward pass of the task's example batch without gradients, on copies of the
+    buffers (BatchNorm statistics stay) and with the random streams left as they were; it
+    runs on the meta device too."""
+    state = dict(model.named_parameters()) | {n: b.clone() for n, b in model.named_buffers()}
+    devices = [device] if device.type == "cuda" else []
+    with torch.no_grad(), torch.random.fork_rng(devices=devices), recompute_disabled():
+        inputs = task.example_batch(2, device)[0]
+        with _AttentionCalls() as calls:
+            functional_call(model, state, (inputs,))
+    return calls
+
+
+def attention_without_sdpa(s: Subject) -> Finding | None:
+    model = _unwrapped(s.model)
+    parameter = next(model.parameters(), None)
+    if parameter is None or not _has_attention(model) or "task" not in s.cfg:
+        return None
+    try:
+        calls = attention_calls(model, build_task(s.cfg.task), parameter.device)
+    except Exception as error:  # a model the example batch does not fit: no verdict
+        log.debug("advisor: attention probe of %s failed (%s)", type(model).__name__, error)
+        return None
+    if not calls.by_hand:
+        return None
+    return Finding(
+        "attention-without-sdpa",
+        f"{type(model).__name__} computes attention by hand ({calls.by_hand} softmax over the "
+        f"scores per forward pass; {calls.fused} through scaled_dot_product_attention): the "
+        "(T, T) score matrix is written to memory and read back, where the fused kernels "
+        "(flash, memory-efficient) never build it",
+        "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) (model=gpt "
+        "does); nn.MultiheadAttention: need_weights=False",
+    )
+
+
 RULES: list[Callable[[Subject], Finding | None]] = [
     batch_size_multiple_of_8,
     layer_widths_multiple_of_8,
@@ -303,6 +410,8 @@ RULES: list[Callable[[Subject], Finding | None]] = [
     channels_last_without_conv,
     cudnn_benchmark_varying_shapes,
     compile_short_last_batch,
+    transformer_widths_multiple_of_64,
+    attention_without_sdpa,
 ]
 
 

@@ -9,6 +9,14 @@ The peak is the device's dense rate for the dtype the matmuls run in: on NVIDIA 
 the vendor's datasheet (dense figures: the "with sparsity" ones are twice these), on a CPU
 a float matmul measured at start-up. `achieved = flops_per_sample * samples/s` per device,
 `mfu = achieved / peak`; at log steps it comes from the interval's samples/s (no extra sync).
+
+A transformer that states its own analytical count (a `flops_per_token(time)` method, as
+models/gpt.py's GPT: 6 x parameters without the position embeddings + attention's
+12 x layers x heads x head_dim x time, nanoGPT's and PaLM's formula) is measured by that
+count, the one papers report, and the counted figure stands beside it in the summary
+(`flops_source` says which one MFU uses). FlopCounterMode has no formula for the CPU's
+flash-attention kernels; the CUDA ones' formulas are lent to them here, so attention counts
+on both devices.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -23,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from gearshift.data.loading import to_device
 from gearshift.engine.precision import Precision
@@ -31,6 +40,29 @@ from gearshift.models.checkpointing import recompute_disabled
 from gearshift.tasks import Task
 
 log = logging.getLogger(__name__)
+
+_aten = torch.ops.aten
+
+
+def _as_counted(flash_op) -> Callable[..., int]:
+    """The registered formula of a CUDA flash-attention op, for a CPU op of the same maths."""
+    formula = flop_registry[flash_op]  # takes tensors already (shape-wrapped when registered)
+
+    def count(*args, **kwargs) -> int:
+        return formula(*args, **kwargs)
+
+    count._get_raw = True  # FlopCounterMode: do not wrap it a second time
+    return count
+
+
+CPU_ATTENTION_FLOPS = {
+    _aten._scaled_dot_product_flash_attention_for_cpu: _as_counted(
+        _aten._scaled_dot_product_flash_attention
+    ),
+    _aten._scaled_dot_product_flash_attention_for_cpu_backward: _as_counted(
+        _aten._scaled_dot_product_flash_attention_backward
+    ),
+}
 
 TERA = 1e12
 
@@ -176,7 +208,8 @@ def count_flops_per_sample(
     def detached_model(*args):
         return functional_call(model, state, args)
 
-    with FlopCounterMode(display=False) as counter, recompute_disabled():
+    counting = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+    with counting as counter, recompute_disabled():
         with precision.autocast():
             loss = task.loss(detached_model, inputs, targets)
         loss.backward()
@@ -189,11 +222,27 @@ def _measure_flops(model, task, device, precision, memory_format) -> float:
         return count_flops_per_sample(model, task, device, precision, memory_format)
 
 
+def analytic_flops_per_sample(model: nn.Module, task: Task, device: torch.device) -> float | None:
+    """A transformer's own count, per sample (a sequence of the task's length), or None."""
+    flops_per_token = getattr(model, "flops_per_token", None)
+    if not callable(flops_per_token):
+        return None
+    tokens = task.example_batch(1, device)[0].shape[-1]
+    return flops_per_token(tokens) * tokens
+
+
+ANALYTIC = "analytic: the model's flops_per_token (6 x parameters + attention)"
+COUNTED = "counted: FlopCounterMode over a forward and backward pass"
+
+
 @dataclass
 class MFU:
-    flops_per_sample: float
+    flops_per_sample: float  # the one MFU uses: the analytical count where there is one
     peak_flops_per_sec: float | None
     peak_flops_source: str
+    flops_source: str = COUNTED
+    counted_flops_per_sample: float | None = None
+    analytic_flops_per_sample: float | None = None
 
     @classmethod
     def measure(
@@ -206,7 +255,9 @@ class MFU:
         memory_format: torch.memory_format,
         strategy: str = "none",
     ) -> MFU:
-        flops = _measure_flops(model, task, device, precision, memory_format)
+        counted = _measure_flops(model, task, device, precision, memory_format)
+        analytic = analytic_flops_per_sample(model, task, device)
+        flops, flops_source = (counted, COUNTED) if analytic is None else (analytic, ANALYTIC)
         dtype = compute_dtype(precision, device, model)
         peak, source = peak_flops(device, dtype, matmul_precision)
         if peak and strategy == "dp" and torch.cuda.device_count() > 1:
@@ -214,12 +265,14 @@ class MFU:
             peak *= torch.cuda.device_count()
             source += f" x {torch.cuda.device_count()} GPUs (DataParallel)"
         log.info(
-            "%.3g FLOPs per sample (forward + backward); peak %s FLOP/s (%s)",
+            "%.3g FLOPs per sample (forward + backward, %s%s); peak %s FLOP/s (%s)",
             flops,
+            flops_source.split(":")[0],
+            "" if analytic is None else f"; counted {counted:.3g}",
             f"{peak:.3g}" if peak else "unknown",
             source,
         )
-        return cls(flops, peak, source)
+        return cls(flops, peak, source, flops_source, counted, analytic)
 
     def of(self, samples_per_sec: float) -> float | None:
         if not self.peak_flops_per_sec:
@@ -234,6 +287,9 @@ class MFU:
     def summary(self, samples_per_sec_per_device: float) -> dict[str, Any]:
         return {
             "flops_per_sample": self.flops_per_sample,
+            "flops_source": self.flops_source,
+            "flops_per_sample_counted": self.counted_flops_per_sample,
+            "flops_per_sample_analytic": self.analytic_flops_per_sample,
             "achieved_flops_per_sec": self.flops_per_sample * samples_per_sec_per_device,
             "peak_flops_per_sec": self.peak_flops_per_sec,
             "peak_flops_source": self.peak_flops_source,
