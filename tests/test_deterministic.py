@@ -7,9 +7,10 @@ import os
 
 import pytest
 import torch
-from helpers import make_cfg
+from helpers import CONF, make_cfg
 from torch.utils.data import Dataset
 
+from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
 from gearshift.data.loading import build_loader
 from gearshift.data.synthetic import synthetic_images
@@ -93,6 +94,17 @@ def test_the_switches_follow_each_run(monkeypatch):
     assert not torch.backends.cudnn.deterministic
     with pytest.raises(ConfigError, match=r"^deterministic='sometimes' is not allowed"):
         check_config(make_cfg("deterministic=sometimes"))
+
+
+def test_preflight_sets_the_cublas_workspace_before_a_sweeps_first_run(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    preflight(CONF, argv=["-m", "deterministic=false"])
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    preflight(CONF, argv=["-m", "deterministic=false,true"])  # the first run is not
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own setting stays
+    preflight(CONF, argv=["deterministic=warn"])
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
 class Draws(Dataset):
