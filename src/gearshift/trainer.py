@@ -209,9 +209,8 @@ class Trainer:
         self.meter = PerfMeter(device, cfg.warmup_steps)
         self.profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
         self.meter.leave_out(self.profiler.window)  # the profiled steps run slower
-        self.losses = LossWatch(
-            cfg.on_nonfinite, device, cfg.log_every_n_steps
-        )  # read at log steps
+        # each step's loss on the device, read at log steps; on_nonfinite acts on it
+        self.losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
         self.window_samples = 0
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
@@ -423,9 +422,8 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Checkpoint the run at its position; rank 0 writes (sharded: every rank gathers)."""
-        first_bad, finite = self.losses.check(
-            self.model.parameters()
-        )  # never save poisoned weights
+        # never save poisoned weights: one read, agreed over ranks
+        first_bad, finite = self.losses.check(self.model.parameters())
         _, (first_bad, unhealthy) = gather_sum_max(
             [], [-(NONE if first_bad is None else first_bad), float(not finite)], self.device
         )
