@@ -219,6 +219,13 @@ def _check_gpu_decode(cfg: DictConfig) -> None:
             "it decodes JPEGs on a CUDA device and this run trains on the CPU; "
             "use data.decode=host (the loader's workers decode)",
         )
+    if cfg.data.decode == "gpu" and cfg.data.stage_format == "raw":
+        _fail(
+            "data.decode",
+            "gpu",
+            "data.stage_format=raw stores decoded pixels, nothing is left to decode; "
+            "use data.decode=host, or data.stage_format=jpeg",
+        )
 
 
 def _check_normalisation(data: DictConfig) -> None:
