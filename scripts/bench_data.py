@@ -10,7 +10,8 @@ loading with no model: the loader's batches, copied to the device (CPU: none) an
 into normalised float32 images there (`device_transforms`: what the trainer does with
 uint8 batches), so every row ends with the same kind of batch. Repeats are interleaved
 (recipe, a, b, ..., recipe, a, b, ...), so a shared machine's slow stretches hit every row
-alike; the table shows medians, img/s per worker core and the ratio to the recipe.
+alike; the table shows medians, img/s per worker core, the ratio of the medians to the
+recipe's and the median of each round's ratio to the recipe's epoch of that round.
 
 A second table times each JPEG decoder (decode + centre square + resize, one thread) on
 JPEGs of several source sizes: the figures behind `data.decoder=auto`'s rule.
@@ -217,16 +218,29 @@ def main() -> None:
         title=f"{args.images} JPEGs at {args.size} px, batch {args.batch}, {args.workers} workers, "
         f"{device}, median of {args.repeats} interleaved epochs ({len(os.sched_getaffinity(0))} CPUs)"
     )
-    for column in ("loader", "img/s", "img/s per worker", "x recipe", "epochs (img/s)"):
+    columns = (
+        "loader",
+        "img/s",
+        "img/s per worker",
+        "x recipe",
+        "x recipe, per round",
+        "epochs (img/s)",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "loader" else "right")
-    base = statistics.median(speeds["torchvision recipe"])
+    recipe_speeds = speeds["torchvision recipe"]
+    base = statistics.median(recipe_speeds)
     for name, values in speeds.items():
         median = statistics.median(values)
+        # each round against the recipe's epoch of the same round: drift in the machine's
+        # speed between rounds cancels out
+        rounds = statistics.median(v / r for v, r in zip(values, recipe_speeds, strict=True))
         table.add_row(
             name,
             f"{median:.0f}",
             f"{median / cores:.0f}",
             f"{median / base:.2f}",
+            f"{rounds:.2f}",
             " ".join(f"{v:.0f}" for v in values),
         )
     console.print(table)
