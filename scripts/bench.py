@@ -90,6 +90,8 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
         with autocast():
             loss = task.loss(model, images, labels)  # the same loss function
         loss.backward()
+        if cfg.optimizer.clip_grad_norm is not None:  # the same gears: clipping too
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.clip_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=cfg.optimizer.set_to_none)
         if schedule is not None:

@@ -106,6 +106,9 @@ SUMMARY_KEYS = {
     "mfu",
     "batch_size_finder",
     "advice",
+    "stop_reason",
+    "best",
+    "ema",
     "profile",
     "nonfinite_skipped_steps",
 }

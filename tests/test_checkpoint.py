@@ -103,7 +103,8 @@ def test_checkpoint_every_n_steps_keeps_the_newest(tmp_path):
         tmp_path,
     )
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["step_000000009.pt", "step_000000010.pt"]  # 3, 6 dropped; 10 = the end
+    # 3, 6 dropped; 10 = the end; best.pt (the one validation, at the end) is no step checkpoint
+    assert names == ["best.pt", "step_000000009.pt", "step_000000010.pt"]
 
 
 def test_resume_auto_without_checkpoints_starts_fresh(tmp_path):

@@ -45,7 +45,8 @@ class Recorded:
         monkeypatch.setattr(gearshift.trainer.Trainer, "log", recording_log)
 
         def hook(optimizer, args, kwargs):  # runs only for a step that is taken
-            self.params.append([p.detach().clone() for p in optimizer.param_groups[0]["params"]])
+            groups = optimizer.param_groups  # matrices and 1-D parameters may be apart
+            self.params.append({p: p.detach().clone() for g in groups for p in g["params"]})
 
         self.handle = register_optimizer_step_pre_hook(hook)
 
@@ -61,7 +62,7 @@ def hand_step(cfg, trained: torch.nn.Module, before, batch, dtype, max_norm):
         for p, p0 in zip(model.parameters(), before, strict=True):
             p.copy_(p0)
     inputs, targets = batch
-    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+    with torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None):
         loss = task_of(cfg).loss(model, inputs, targets)
     loss.backward()
     grads = [p.grad for p in model.parameters()]
@@ -70,22 +71,37 @@ def hand_step(cfg, trained: torch.nn.Module, before, batch, dtype, max_norm):
     return norm, [p0 - LR * coef * g for p0, g in zip(before, grads, strict=True)]
 
 
+FP16 = ("amp=fp16", torch.float16)
+
+
 @pytest.mark.parametrize(
-    ("amp", "dtype", "max_norm"),
-    [("off", None, None), ("off", None, 0.05), ("fp16", torch.float16, 0.05)],
-    ids=["fp32-no-clipping", "fp32-clipped", "fp16-gradscaler-clipped"],
+    ("gears", "dtype", "max_norm"),
+    [
+        (("amp=off",), None, None),
+        (("amp=off",), None, 0.05),
+        (FP16[:1], FP16[1], 0.05),
+        # the fused step takes the GradScaler's scale itself, unless unscale_ came first
+        ((FP16[0], "optimizer.fused=true"), FP16[1], 0.05),
+        pytest.param(
+            ("device=cuda", FP16[0], "optimizer.fused=true"), FP16[1], 0.05, marks=pytest.mark.gpu
+        ),
+    ],
+    ids=["fp32", "fp32-clipped", "fp16-clipped", "fp16-fused-clipped", "cuda-fp16-fused-clipped"],
 )
-def test_one_step_is_the_hand_computed_clipped_update(tmp_path, monkeypatch, amp, dtype, max_norm):
+def test_one_step_is_the_hand_computed_clipped_update(
+    tmp_path, monkeypatch, gears, dtype, max_norm
+):
     clip = f"optimizer.clip_grad_norm={max_norm}" if max_norm else "optimizer.clip_grad_norm=null"
-    cfg = make_cfg("model=mlp", "model.hidden=32", f"amp={amp}", "max_steps=1", *PLAIN_SGD, clip)
+    cfg = make_cfg("model=mlp", "model.hidden=32", *gears, "max_steps=1", *PLAIN_SGD, clip)
     seen = Recorded(monkeypatch, cfg)
     try:
         result = fit(cfg, tmp_path)
     finally:
         seen.remove()
     assert len(seen.params) == 1  # one step, taken (under fp16: not skipped)
+    before = [seen.params[0][p] for p in result.model.parameters()]
     # the last loss is the step's (the FLOP count before training computes one on a dummy batch)
-    norm, expected = hand_step(cfg, result.model, seen.params[0], seen.batches[-1], dtype, max_norm)
+    norm, expected = hand_step(cfg, result.model, before, seen.batches[-1], dtype, max_norm)
     if max_norm is not None:
         assert norm > 10 * max_norm  # the threshold binds: the update is really scaled down
     # The logged norm is the true gradient's: under fp16 a norm of the still-scaled gradients
@@ -93,7 +109,7 @@ def test_one_step_is_the_hand_computed_clipped_update(tmp_path, monkeypatch, amp
     (logged,) = [m["train/grad_norm"] for m in seen.logs if "train/grad_norm" in m]
     rtol = 1e-2 if dtype else 1e-4  # fp16: the scaled backward rounds differently
     assert logged == pytest.approx(norm, rel=rtol)
-    for p, want, p0 in zip(result.model.parameters(), expected, seen.params[0], strict=True):
+    for p, want, p0 in zip(result.model.parameters(), expected, before, strict=True):
         # Compared as updates (an unscaled-then-clipped fp16 step would be 65536x too small),
         # up to rounding: of the subtraction in float32, and of fp16's scaled backward.
         update = want - p0

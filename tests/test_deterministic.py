@@ -7,9 +7,10 @@ import os
 
 import pytest
 import torch
-from helpers import make_cfg
+from helpers import CONF, make_cfg
 from torch.utils.data import Dataset
 
+from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
 from gearshift.data.loading import build_loader
 from gearshift.data.synthetic import synthetic_images
@@ -95,6 +96,17 @@ def test_the_switches_follow_each_run(monkeypatch):
         check_config(make_cfg("deterministic=sometimes"))
 
 
+def test_preflight_sets_the_cublas_workspace_before_a_sweeps_first_run(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    preflight(CONF, argv=["-m", "deterministic=false"])
+    assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    preflight(CONF, argv=["-m", "deterministic=false,true"])  # the first run is not
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # the user's own setting stays
+    preflight(CONF, argv=["deterministic=warn"])
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+
+
 class Draws(Dataset):
     """Each sample: a number drawn in the worker from torch's global stream."""
 
@@ -120,3 +132,23 @@ def test_loader_workers_are_seeded_by_seed_rank_and_epoch():
     assert torch.equal(draws(epoch=1), draws(epoch=1))
     for other in (draws(epoch=1), draws(rank=1), draws(seed=1)):
         assert not torch.equal(other, first)
+
+
+@pytest.mark.gpu
+def test_two_deterministic_cuda_runs_give_bitwise_equal_parameters(tmp_path):
+    """cuDNN's convolutions (and the autotuner, asked for and refused), cuBLAS with its
+    fixed workspace, random crops and flips on the device."""
+    cfg = make_cfg(
+        "device=cuda",
+        "model=resnet18",
+        "deterministic=true",
+        "cudnn_benchmark=true",
+        "device_transforms.hflip=true",
+        "device_transforms.crop_padding=2",
+        "max_steps=6",
+        "data.num_val_samples=0",
+    )
+    first, second = (fit(cfg, tmp_path / name).model.state_dict() for name in "ab")
+    assert not torch.backends.cudnn.benchmark and torch.backends.cudnn.deterministic
+    for name, value in first.items():
+        assert torch.equal(value, second[name]), name

@@ -6,6 +6,7 @@ the same files; the tests marked `gpu` check the CUDA path (scripts/gpu_check.sh
 from __future__ import annotations
 
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -15,9 +16,10 @@ import pytest
 import torch
 from helpers import SyncCounter, make_cfg, seconds
 from PIL import Image
-from torchvision.transforms.v2 import functional as TF
+from test_checkpoint import SignalAtStep, assert_same_parameters
 
 from gearshift.config import ConfigError, check_config
+from gearshift.data.decode import UnreadableImage, centre_square
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.gpu_decode import (
     DamagedJpeg,
@@ -29,6 +31,8 @@ from gearshift.data.gpu_decode import (
     resize_crop,
 )
 from gearshift.data.loading import build_data, to_device
+from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.preemption import TrainingStopped
 from gearshift.trainer import fit
 
 CPU = torch.device("cpu")
@@ -66,12 +70,14 @@ def jpeg_cfg(path: Path, decode: str, *overrides: str):
     )
 
 
-def model_inputs(cfg, batches, train: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """What the model sees of each batch: placed as Trainer.place does, on the CPU."""
+def model_inputs(
+    cfg, batches, train: bool = False, device: torch.device = CPU
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """What the model sees of each batch: placed as Trainer.place does."""
     layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
-    source = source_transforms(getattr(batches, "dataset", None))  # the host's uint8 batches
-    transforms = DeviceTransforms(cfg.device_transforms, CPU, layout, cfg.seed, source)
-    placed = [to_device(batch, CPU, False, layout) for batch in batches]
+    source = source_transforms(batches.dataset)  # the source's stage: augment, mean, std
+    transforms = DeviceTransforms(cfg.device_transforms, device, layout, cfg.seed, source)
+    placed = [to_device(batch, device, False, layout) for batch in batches]
     return [(transforms(images, train), labels) for images, labels in placed]
 
 
@@ -111,8 +117,7 @@ def test_resize_crop_groups_equal_shapes_and_matches_resizing_each_image():
     batch = resize_crop(images, SIZE)
     assert batch.shape == (5, 3, SIZE, SIZE) and batch.dtype == torch.uint8
     for image, got in zip(images, batch, strict=True):
-        want = TF.center_crop(TF.resize(image, [SIZE], antialias=True), [SIZE, SIZE])
-        assert torch.equal(got, want)
+        assert torch.equal(got, centre_square(image, SIZE))  # the host path's resize
     assert torch.equal(batch[3], images[3])  # already the training size: untouched
 
 
@@ -130,6 +135,8 @@ def test_device_decoding_gives_the_host_paths_batches(tmp_path, layout, normalis
     _, host_val = build_data(host_cfg, CPU)
     _, gpu_val = build_data(gpu_cfg, CPU)
     assert isinstance(gpu_val, DeviceDecodedBatches)
+    for (h, _), (d, _) in zip(host_val, gpu_val, strict=True):  # what the copy moves
+        assert h.dtype == d.dtype == torch.uint8 and h.shape == d.shape
     host = model_inputs(host_cfg, host_val)
     device = model_inputs(gpu_cfg, gpu_val)
     assert len(host) == len(device) == 2
@@ -151,7 +158,7 @@ def test_grayscale_decodes_to_one_channel(tmp_path):
     write_jpegs(tmp_path, per_class=2)
     cfg = jpeg_cfg(tmp_path, "gpu", "data.channels=1", "data.mean=[0.5]", "data.std=[0.5]")
     _, val = build_data(cfg, CPU)
-    images, _ = next(iter(val))
+    images, _ = model_inputs(cfg, val)[0]
     assert images.shape == (3, 1, SIZE, SIZE)
     assert images.min() >= -1 and images.max() <= 1
 
@@ -159,18 +166,19 @@ def test_grayscale_decodes_to_one_channel(tmp_path):
 def test_augment_crops_and_flips_training_batches_only(tmp_path):
     write_jpegs(tmp_path, per_class=8)
     cfg = jpeg_cfg(tmp_path, "gpu", "data.augment=true", "data.mean=null", "data.std=null")
+    plain_cfg = jpeg_cfg(tmp_path, "gpu", "data.mean=null", "data.std=null")
     train, val = build_data(cfg, CPU)
-    plain_train, _ = build_data(jpeg_cfg(tmp_path, "gpu", "data.mean=null", "data.std=null"), CPU)
+    plain_train, plain_val = build_data(plain_cfg, CPU)
     train.set_epoch(0), plain_train.set_epoch(0)
-    augmented, _ = next(iter(train))
-    plain, _ = next(iter(plain_train))
+    augmented, _ = model_inputs(cfg, train, train=True)[0]
+    plain, _ = model_inputs(plain_cfg, plain_train, train=True)[0]
     assert augmented.shape == plain.shape
     assert not torch.equal(augmented, plain)
     padded = (augmented == 0).all(dim=1).any(dim=(1, 2))  # a zero row or column: shifted
     flipped = augmented[..., :4].mean(dim=(1, 2, 3)) > augmented[..., -4:].mean(dim=(1, 2, 3))
     assert padded.any() and flipped.any() and not flipped.all()  # the ramp reversed in some
-    _, plain_val = build_data(jpeg_cfg(tmp_path, "gpu", "data.mean=null", "data.std=null"), CPU)
-    for (a, _), (b, _) in zip(val, plain_val, strict=True):
+    validation = zip(model_inputs(cfg, val), model_inputs(plain_cfg, plain_val), strict=True)
+    for (a, _), (b, _) in validation:
         assert torch.equal(a, b)  # validation is never augmented
 
 
@@ -195,6 +203,36 @@ def test_fit_trains_on_device_decoded_batches(tmp_path):
     assert np.isfinite(summary["final_loss"]) and summary["val_accuracy"] is not None
 
 
+def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
+    write_jpegs(tmp_path / "images", per_class=8)  # 12 to train: 2 batches an epoch
+    gears = ("model=simple_cnn", "max_steps=5", "data.augment=true", "data.num_val_samples=0")
+    whole = fit(jpeg_cfg(tmp_path / "images", "gpu", *gears), tmp_path / "whole")
+    stopped_dir = tmp_path / "stopped"
+    with SignalAtStep(3, signal.SIGTERM), pytest.raises(TrainingStopped):
+        fit(jpeg_cfg(tmp_path / "images", "gpu", *gears), stopped_dir)
+    saved = load_checkpoint(latest_checkpoint(stopped_dir / "checkpoints"))
+    assert saved["position"]["epoch"] == 1 and saved["position"]["batch"] == 1  # mid-epoch
+    resumed = fit(jpeg_cfg(tmp_path / "images", "gpu", *gears, "resume=auto"), stopped_dir)
+    assert_same_parameters(resumed.model, whole.model)  # same batches, same augmentation
+
+
+def test_a_damaged_jpeg_found_mid_epoch_is_named_after_a_checkpoint(tmp_path):
+    write_jpegs(tmp_path / "images", per_class=8)
+    whole = (tmp_path / "images" / "c1" / "0.jpg").read_bytes()
+    damaged = tmp_path / "images" / "c1" / "damaged.jpg"
+    damaged.write_bytes(whole[:200] + bytes(range(256)) * 2)
+    cfg = jpeg_cfg(
+        tmp_path / "images", "gpu", "model=simple_cnn", "data.val_fraction=0", "epochs=1"
+    )
+    folder = tmp_path / "run"
+    with pytest.raises(UnreadableImage) as error:
+        fit(cfg, folder)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"cannot decode image {damaged}: ")
+    checkpoint = latest_checkpoint(folder / "checkpoints")
+    assert checkpoint is not None and f"saved {checkpoint}" in message
+
+
 def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_with_the_loop(
     tmp_path,
 ):
@@ -202,9 +240,7 @@ def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_wit
     paths = sorted(str(p) for p in tmp_path.glob("c*/*.jpg"))
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(Path(paths[0]).read_bytes()[:200] + bytes(range(256)) * 2)
-    dataset = JpegFiles(
-        [(p, i) for i, p in enumerate(paths)], ["c0"], SIZE, 3, False, None, None, False
-    )
+    dataset = JpegFiles([(p, i) for i, p in enumerate(paths)], ["c0"], SIZE, 3, None, False)
 
     def batch(files: list[str], first_label: int):
         samples = [
@@ -217,7 +253,7 @@ def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_wit
         return collate_jpegs(samples)
 
     good = [batch(paths[i : i + 2], i) for i in range(0, 6, 2)]
-    decoded = DeviceDecodedBatches(good, dataset, CPU, torch.contiguous_format, False, 0)
+    decoded = DeviceDecodedBatches(good, dataset, CPU, torch.contiguous_format, False)
     assert [labels.tolist() for _, labels in decoded] == [[0, 1], [2, 3], [4, 5]]  # in order
 
     def decoding_threads() -> int:
@@ -227,7 +263,7 @@ def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_wit
     seen = []
     with pytest.raises(DamagedJpeg, match=re.escape(f"cannot decode image {broken}: ")):
         for _, labels in DeviceDecodedBatches(
-            with_error, dataset, CPU, torch.contiguous_format, False, 0
+            with_error, dataset, CPU, torch.contiguous_format, False
         ):
             seen.append(labels.tolist())
     assert seen == [[0, 1], [2, 3]]  # the batches before the damaged one, then its error
@@ -240,7 +276,7 @@ def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_wit
             taken.append(i)
             yield b
 
-    iterator = iter(DeviceDecodedBatches(source(), dataset, CPU, torch.contiguous_format, False, 0))
+    iterator = iter(DeviceDecodedBatches(source(), dataset, CPU, torch.contiguous_format, False))
     next(iterator)
     deadline = time.monotonic() + seconds(10)
     while len(taken) < 1 + DeviceDecodedBatches.AHEAD and time.monotonic() < deadline:
@@ -329,7 +365,12 @@ def test_cuda_decoding_gives_the_host_batches_within_tolerance(tmp_path, layout)
     _, host_val = build_data(host_cfg, CPU)
     _, cpu_val = build_data(jpeg_cfg(tmp_path, "gpu", *extra), CPU)
     _, cuda_val = build_data(cuda_cfg, CUDA)
-    batches = zip(model_inputs(host_cfg, host_val), cpu_val, cuda_val, strict=True)
+    batches = zip(
+        model_inputs(host_cfg, host_val),
+        model_inputs(host_cfg, cpu_val),
+        model_inputs(cuda_cfg, cuda_val, device=CUDA),
+        strict=True,
+    )
     for (h, hl), (c, _), (d, dl) in batches:
         assert d.is_cuda and dl.is_cuda
         assert d.shape == h.shape and d.dtype == h.dtype and d.stride() == h.stride()

@@ -11,10 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import make_cfg
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 from wandb_records import history
 
+from gearshift.app import _overrides_to_check
 from gearshift.config import ConfigError, check_config
 from gearshift.config import checks as config_checks
 from gearshift.observe import loggers
@@ -68,6 +71,16 @@ def wandb_metrics(run_dir: Path) -> dict[tuple[int, str], float]:
 def test_logger_group_selects_one_or_several_backends(overrides, selected):
     chosen = make_cfg(*overrides, tiny=False).logger
     assert {name for name in ("wandb", "tensorboard", "csv") if chosen[name]} == set(selected)
+
+
+def test_a_sweep_over_logger_lists_runs_each_list():
+    sweep = ["logger=[wandb,csv],[tensorboard]"]
+    [jobs] = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(sweep), None)
+    assert jobs == [["logger=[wandb,csv]"], ["logger=[tensorboard]"]]  # Hydra's two runs
+    checked = [swept for _, swept in _overrides_to_check(sweep)]  # and preflight's
+    assert checked == [None, "logger=[wandb,csv]", "logger=[tensorboard]"]  # None: the fixed part
+    chosen = [make_cfg(*job).logger for job in jobs]
+    assert [(c.wandb, c.tensorboard, c.csv) for c in chosen] == [(1, 0, 1), (0, 1, 0)]
 
 
 def test_tensorboard_and_csv_hold_what_wandb_holds(no_wandb_key, tmp_path):

@@ -228,7 +228,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(work, where):
 
 def test_a_misspelt_experiment_of_yours_is_one_line_that_lists_yours(work):
     done = train(work, COMMAND[0], "experiment=denoize", example=False)  # the README's searchpath
-    choices = "baseline, denoise, fast, regression"
+    choices = "baseline, denoise, fast, lm, regression"
     assert_one_line_error(
         done, work, f"experiment='denoize' is not allowed; choose one of: {choices}"
     )

@@ -83,6 +83,26 @@ def test_host_reads_tensors_only_at_log_steps(tmp_path, monkeypatch, max_steps):
     reads = SyncCounter(monkeypatch)
     fit(cfg, tmp_path)
     log_points = max_steps // 10 + 1  # every 10 steps, plus the end of warm-up
-    # one loss read per log point; validation reads one; the checkpoint at the end one (its
-    # weights and loss are checked finite before they are saved)
-    assert reads.count == log_points + 1 + 1
+    # one loss read per log point; validation reads one; best.pt (the one validation is the
+    # best so far) and the checkpoint at the end one each (their weights and loss are checked
+    # finite before they are saved)
+    assert reads.count == log_points + 1 + 1 + 1
+
+
+def test_a_pause_between_log_steps_keeps_the_steps_and_leaves_out_its_time():
+    # validation every 2 steps, logging every 4: the steps before a validation stay in the
+    # interval (its loss is averaged over them), the validation's time does not
+    meter = PerfMeter(torch.device("cpu"), warmup_steps=0)
+    start = time.perf_counter()
+    for _ in range(2):
+        meter.step(samples=10)
+    time.sleep(0.1)  # validation
+    meter.resume()
+    for _ in range(2):
+        meter.step(samples=10)
+    interval = meter.flush()
+    wall = time.perf_counter() - start
+    assert interval.steps == 4 and interval.samples == 40 and len(interval.step_ms) == 4
+    assert interval.seconds <= wall - 0.1
+    assert sum(interval.step_ms) <= 1000 * wall - 100  # no step's time holds the pause
+    assert meter.steady_state().steps == 4

@@ -127,3 +127,29 @@ def test_memory_snapshot_is_written_at_the_end_of_a_cuda_run(tmp_path):
     fit(cfg, tmp_path)
     recorded = pickle.loads((tmp_path / "profile" / "memory_snapshot.pickle").read_bytes())
     assert any(entry["action"] == "alloc" for entry in recorded["device_traces"][0])
+
+
+def test_loss_watch_sums_micro_batches_per_step_and_names_the_first_bad_one():
+    from gearshift.observe.nonfinite import LossWatch
+
+    watch = LossWatch("stop", torch.device("cpu"), steps_between_reads=2)
+    losses = {11: [0.5, 0.25], 12: [1.0, float("inf")], 13: [float("nan"), 1.0], 14: [2.0, 2.0]}
+    for step, micro_batches in losses.items():  # accum=2; 4 steps overflow the 2 slots
+        for loss in micro_batches:
+            watch.add(torch.tensor(loss), step)
+    total, first_bad, skipped, (extra,) = watch.read([torch.tensor(7.0)])
+    assert first_bad == 12 and math.isnan(total) and skipped == 0 and extra == 7.0
+    watch.add(torch.tensor(0.75), 15)  # after a read the slots start afresh
+    assert watch.read([])[:2] == (0.75, None)
+
+
+def test_loss_watch_skip_mode_leaves_the_bad_step_out_of_the_loss():
+    from gearshift.observe.nonfinite import LossWatch
+
+    watch = LossWatch("skip", torch.device("cpu"), steps_between_reads=4)
+    allowed = []
+    for step, loss in enumerate([1.0, float("nan"), 3.0], start=1):
+        watch.add(torch.tensor(loss), step)
+        allowed.append(watch.update_allowed())
+    assert allowed == [True, False, True]
+    assert watch.read([])[:3] == (4.0, None, 1) and watch.skipped == 1

@@ -163,7 +163,7 @@ def test_two_point_sweep_runs_as_two_slurm_jobs_and_returns_both_results(sweep):
         [result_file] = sweep.dir.glob(f".submitit/{array_id}_{point}/*_result.pkl")
         outcome, job_return = pickle.loads(result_file.read_bytes())
         assert outcome == "success"
-        assert job_return.return_value == pytest.approx(summary["final_loss"])
+        assert job_return.return_value == pytest.approx(summary["best"]["value"])
         assert f"amp={'off' if point == 0 else 'bf16'}" in job_return.overrides
 
 

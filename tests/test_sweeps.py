@@ -81,7 +81,7 @@ def test_a_single_run_has_no_group_unless_one_is_set(tmp_path):
     assert "amp=bf16" in record.display_name.split(",")
 
 
-def test_optuna_search_over_lr_and_batch_size_minimises_the_final_loss(tmp_path):
+def test_optuna_search_over_lr_and_batch_size_maximises_the_val_accuracy(tmp_path):
     sweep_dir = tmp_path / "search"
     done = sweep(
         tmp_path,
@@ -101,11 +101,12 @@ def test_optuna_search_over_lr_and_batch_size_minimises_the_final_loss(tmp_path)
         assert summary["gears"]["batch_size"] == int(
             chosen["batch_size"]
         )  # the trial's value acted
-        trials.append((summary["final_loss"], chosen))
+        assert summary["best"]["metric"] == "val_accuracy"
+        trials.append((summary["best"]["value"], chosen))
     assert len({t[1]["optimizer.lr"] for t in trials}) == 3  # the sampler proposed 3 points
     best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
-    best_loss, best_choice = min(trials, key=lambda t: t[0])
-    assert best["best_value"] == pytest.approx(best_loss)  # the objective: train()'s final loss
+    best_value, best_choice = max(trials, key=lambda t: t[0])  # classification's mode: max
+    assert best["best_value"] == pytest.approx(best_value)  # the objective: the best val metric
     assert best["best_params"]["batch_size"] == int(best_choice["batch_size"])
     assert best["best_params"]["optimizer.lr"] == pytest.approx(float(best_choice["optimizer.lr"]))
 

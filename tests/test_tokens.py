@@ -22,6 +22,8 @@ from rich.console import Console
 from test_checkpoint import SignalAtStep, assert_same_parameters
 
 from gearshift.config import ConfigError, check_config
+from gearshift.config import token_files as token_files_module
+from gearshift.config.token_files import check_token_folder
 from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.data.tokens import token_files
@@ -450,3 +452,24 @@ def test_a_gpt_learns_a_grammar_well_below_the_unigram_entropy(tmp_path):
     )
     summary = fit(cfg, tmp_path / "run").summary
     assert summary["val_loss"] < threshold, (summary["val_loss"], unigram, bigram)
+
+
+def test_big_files_with_a_recorded_max_are_sampled_others_scanned_whole(tmp_path, monkeypatch):
+    # the sizes scaled down: "big" is above 1000 tokens here; 8 sampled chunks of 100 tokens
+    monkeypatch.setattr(token_files_module, "FULL_SCAN_TOKENS", 1000)
+    monkeypatch.setattr(token_files_module, "SAMPLED_CHUNKS", 8)
+    monkeypatch.setattr(token_files_module, "SAMPLED_CHUNK_TOKENS", 100)
+    ids = np.arange(5064) % 50
+    ids[0], ids[2050] = 60, 70  # in the first sampled chunk; between two chunks
+    folder = token_folder(tmp_path / "d", ids, vocab_size=100, max_token_id=49)
+    message = "train.bin holds token id 60, above meta.json's max_token_id 49"
+    with pytest.raises(ConfigError, match=re.escape(message)):  # the sample finds the first
+        check_token_folder(str(folder), 16, 100)
+    meta = json.loads((folder / "meta.json").read_text())
+    del meta["max_token_id"]
+    (folder / "meta.json").write_text(json.dumps(meta))
+    message = (
+        "data.vocab_size=65 is not allowed; " + str(folder / "train.bin") + " holds token id 70"
+    )
+    with pytest.raises(ConfigError, match=re.escape(message)):  # no record: every id is read
+        check_token_folder(str(folder), 16, 65)

@@ -17,16 +17,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from gearshift.app import preflight
+from gearshift.app import default_config_dir, preflight
 from gearshift.engine.precision import resolve_amp_dtype
 from gearshift.engine.runtime import resolve_device
 from gearshift.models.build import build_model
 from gearshift.observe.advisor import Finding, advise
-
-
-def default_config_dir() -> Path:
-    here = Path.cwd() / "conf"
-    return here if (here / "config.yaml").exists() else Path(__file__).resolve().parents[2] / "conf"
 
 
 def target_device(cfg: DictConfig, choice: str | None) -> torch.device:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
+from gearshift.config.checks import locate
 from gearshift.engine.failures import TrainingFailed
 from gearshift.state.checkpoint import CheckpointError
 from gearshift.state.preemption import TrainingStopped
@@ -40,7 +41,7 @@ _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experim
 
 
 def train(cfg: DictConfig) -> float:
-    """Hydra's task function: check, train, return the final loss (a sweeper's objective)."""
+    """Hydra's task function: check, train, return the objective a sweeper optimises."""
     from gearshift.launch import launch_local  # torch loads once the config is known good
     from gearshift.trainer import fit
 
@@ -70,7 +71,33 @@ def train(cfg: DictConfig) -> float:
         if stopped.checkpoint is not None:
             log.warning("to continue, run the same command in the same run folder (resume=auto)")
         raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
-    return summary["final_loss"]
+    return objective(summary)
+
+
+def objective(summary: dict) -> float:
+    """What a sweep optimises: the best value of the task's monitor metric (best.pt's), in
+    the task's direction (`task_direction`); without validation data the final training
+    loss, negated for a task whose mode is max so that the direction still holds."""
+    best = summary.get("best") or {}
+    if best.get("value") is not None:
+        return best["value"]
+    return -summary["final_loss"] if best.get("mode") == "max" else summary["final_loss"]
+
+
+def task_direction(target: str) -> str:
+    """Optuna's direction for the task `target` names: its monitor metric's mode.
+    conf/hparams_search/ uses it as ${gearshift_task_direction:${task._target_}}."""
+    mode = getattr(locate("task._target_", target), "mode", "min")
+    return "maximize" if mode == "max" else "minimize"
+
+
+OmegaConf.register_new_resolver("gearshift_task_direction", task_direction)
+
+
+def default_config_dir() -> Path:
+    """./conf when there is one, else the repository's conf/ (the entry points' default)."""
+    here = Path.cwd() / "conf"
+    return here if (here / "config.yaml").exists() else Path(__file__).resolve().parents[2] / "conf"
 
 
 def _note_in_log_file(message: str) -> None:
@@ -106,7 +133,7 @@ def _remove_empty_run_dir(run_dir: Path) -> None:
             break
 
 
-def _describe(error: Exception, override: str | None, overrides: Sequence[str] = ()) -> str:
+def describe_error(error: Exception, override: str | None, overrides: Sequence[str] = ()) -> str:
     """One line out of Hydra's and OmegaConf's multi-line messages."""
     if isinstance(error, MissingConfigException) and override and "=" in override:
         group, value = override.split("=", 1)
@@ -165,7 +192,7 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
     try:
         variants = _overrides_to_check(overrides)
     except HydraException as error:
-        _exit(_describe(error, None))
+        _exit(describe_error(error, None))
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
         for variant, swept in variants:
             try:
@@ -175,7 +202,7 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
             except ConfigError as error:
                 _exit(str(error))
             except (HydraException, OmegaConfBaseException) as error:
-                _exit(_describe(error, swept or _culprit(error, variant), variant))
+                _exit(describe_error(error, swept or culprit(error, variant), variant))
         multirun = any(a in ("-m", "--multirun") for a in argv)
         if problem := _output_folder_problem(config_name, overrides, multirun):
             _exit(problem)
@@ -224,7 +251,7 @@ def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # Hydra's empty folder
 
 
-def _culprit(error: Exception, overrides: list[str]) -> str | None:
+def culprit(error: Exception, overrides: list[str]) -> str | None:
     """The override a Hydra error is about, when its message names one."""
     text = str(error)
     overrides = [o for o in overrides if not _searchpath(o)]  # Hydra names it in every message

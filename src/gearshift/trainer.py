@@ -32,6 +32,7 @@ from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_batches, to_device
 from gearshift.data.prefetch import prefetch_to_device
 from gearshift.data.sources import build_datasets
+from gearshift.engine.ema import build_ema
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import build_optimizer, build_schedule, clip_grad_norm
 from gearshift.engine.precision import Precision, resolve_amp
@@ -64,7 +65,9 @@ from gearshift.parallel.distributed import (
     resolve_strategy,
     wrap_model,
 )
+from gearshift.state.best import build_tracker
 from gearshift.state.checkpoint import (
+    BEST,
     Position,
     changed_settings,
     find_resume,
@@ -72,6 +75,7 @@ from gearshift.state.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     restore_training_state,
+    save_best,
     save_checkpoint,
     training_state,
 )
@@ -175,6 +179,7 @@ class Trainer:
         self.data_gears = getattr(train_set, "gears", {})  # how a disk source reads its images
         self.model = build_model(cfg.model, device, self.memory_format)  # + model.checkpointing
         self.model.train()
+        self.ema = build_ema(cfg.ema, self.model)  # + weight averaging (None: off)
         self.advice = advise(cfg, self.model, device, self.precision.dtype)  # 9, 10, 15-18
         if ranks.is_zero:
             log_findings(self.advice)
@@ -194,6 +199,8 @@ class Trainer:
         self.config = OmegaConf.to_container(cfg, resolve=True)
         self.checkpoints = run_dir / "checkpoints"
         self.sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
+        self.best = build_tracker(self.task, cfg.early_stop)  # best.pt, early stopping
+        self.saved_step = self.validated_step = None  # the end saves and validates once
         self.position = self.resume()
         self.transforms.start_at(self.position.epoch * self.batches_per_epoch + self.position.batch)
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
@@ -209,12 +216,12 @@ class Trainer:
         self.meter = PerfMeter(device, cfg.warmup_steps)
         self.profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
         self.meter.leave_out(self.profiler.window)  # the profiled steps run slower
-        self.losses = LossWatch(
-            cfg.on_nonfinite, device, cfg.log_every_n_steps
-        )  # read at log steps
+        # each step's loss on the device, read at log steps; on_nonfinite acts on it
+        self.losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
         self.window_samples = 0
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
+        self.ema_val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
         self.stop_agreed = False  # several ranks stop together, deciding at a log step
         self.logger: NullLogger = NullLogger()
 
@@ -248,7 +255,7 @@ class Trainer:
                 self.progress.update(self.bar, completed=p.step)
                 self.meter.resume()
                 self.profiler.begin()
-                while p.step < self.total_steps:
+                while p.step < self.total_steps and not self.best.should_stop:
                     self.train_batches.set_epoch(p.epoch, p.batch)
                     for batch in timed(self.train_batches, self.meter):
                         if not self.train_step(batch):
@@ -257,18 +264,21 @@ class Trainer:
                         at_end = p.step == self.total_steps
                         if self.logs_at(p.step):
                             self.log(self.log_point())
+                        if (self.val_every and p.step % self.val_every == 0) or at_end:
+                            self.validate()  # before saving: a checkpoint holds its outcome
                         if self.stop_agreed if self.ranks.world_size > 1 else self.stop:
                             raise self.stop.stopped(p.step, self.save())
                         every = self.checkpoint_every
                         if (every and p.step % every == 0) or (at_end and self.checkpoint_at_end):
                             self.save()
-                        if self.val_every and p.step % self.val_every == 0 and not at_end:
-                            self.validate()
-                        if at_end:
+                        if at_end or self.best.should_stop:
                             break
                     else:
                         p.epoch, p.batch = p.epoch + 1, 0
-            self.validate()
+            if self.validated_step != p.step:  # a run resumed at its end
+                self.validate()
+            if self.best.should_stop and self.checkpoint_at_end and self.saved_step != p.step:
+                self.save()  # early stopping ends with a checkpoint like any other end
             summary = self.summarize()
         except UnreadableImage as error:  # found mid-epoch: checkpoint, then one line naming it
             raise error.after(self.save_at_last_step()) from None
@@ -310,6 +320,8 @@ class Trainer:
         if self.schedule is not None:
             self.schedule.step()
         p.step += 1
+        if self.ema is not None:
+            self.ema.update(p.step)  # on the device, no sync
         p.samples += self.window_samples
         self.meter.step(self.window_samples)
         self.window_samples = 0
@@ -325,29 +337,47 @@ class Trainer:
         return self.transforms(inputs, train), targets
 
     @torch.inference_mode()  # 14: no autograd graph, no version counters
-    def evaluate(self) -> dict[str, float]:
-        """The task's validation metrics over every rank's share of the validation set."""
-        self.model.eval()
+    def evaluate(self, model: nn.Module | None = None) -> dict[str, float]:
+        """The task's validation metrics of `model` (default: the model trained) over every
+        rank's share of the validation set."""
+        model = self.model if model is None else model
+        training = model.training
+        model.eval()
         sums: dict[str, torch.Tensor] = {}
         count = 0
         for batch in self.val_batches:
             inputs, targets = self.place(batch)
             with self.precision.autocast():
-                batch_sums = self.task.eval_sums(self.model, inputs, targets)
+                batch_sums = self.task.eval_sums(model, inputs, targets)
             for key, value in batch_sums.items():
                 sums[key] = sums[key] + value if key in sums else value
             count += self.task.count(inputs, targets)
-        self.model.train()
+        model.train(training)
         keys = sorted(sums)
         local = torch.stack([sums[k].double() for k in keys]).tolist() if keys else []
         (*totals, count), _ = gather_sum_max([*local, count], [], self.device)
         return self.task.eval_metrics(dict(zip(keys, totals, strict=True)), int(count))
 
     def validate(self) -> None:
+        """Validate the model (and its average), log it, and keep the best in best.pt."""
         if self.val_batches is None:
             return
+        self.validated_step = step = self.position.step
         self.val.update(self.evaluate())
-        self.log({f"val/{key.removeprefix('val_')}": value for key, value in self.val.items()})
+        metrics = {f"val/{key.removeprefix('val_')}": value for key, value in self.val.items()}
+        judged = self.val
+        if self.ema is not None:  # the average is what a run with it keeps: it is judged
+            judged = self.ema_val
+            judged.update(self.evaluate(self.ema.model))
+            metrics |= {f"val_ema/{key.removeprefix('val_')}": v for key, v in judged.items()}
+        self.log(metrics)
+        if self.best.update(judged[self.best.metric], step):
+            self.keep_best()
+        elif self.best.should_stop and self.ranks.is_zero:
+            log.info(
+                "early stop at step %d: %s has not improved on %s (step %s) for %d validations",
+                step, self.best.metric, self.best.value, self.best.step, self.best.bad_validations,
+            )  # fmt: skip
         self.meter.resume()  # validation time is not training time
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -416,6 +446,12 @@ class Trainer:
             self.schedule,
             self.sharded,
         )
+        if "best" in state:
+            self.best.load_state_dict(state["best"])
+        if self.ema is not None:
+            if "ema" not in state:
+                log.warning("%s holds no weight average: it starts from the resumed weights", path)
+            self.ema.load_state_dict(state.get("ema", self.model.state_dict()))
         changed = changed_settings(state["config"], self.config)  # a requeue changes none
         if changed and self.ranks.is_zero:  # rank 0 speaks for the job
             log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
@@ -423,9 +459,24 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Checkpoint the run at its position; rank 0 writes (sharded: every rank gathers)."""
-        first_bad, finite = self.losses.check(
-            self.model.parameters()
-        )  # never save poisoned weights
+        self.saved_step = self.position.step
+        state = self.checkpoint_state()
+        if state is None:
+            return None
+        return save_checkpoint(
+            state, self.checkpoints, self.position.step, self.cfg.checkpoint.keep
+        )
+
+    def keep_best(self) -> None:
+        """The state at the best validation so far, over checkpoints/best.pt."""
+        if (state := self.checkpoint_state()) is not None:
+            save_best(state, self.checkpoints)
+
+    def checkpoint_state(self) -> dict[str, Any] | None:
+        """What a checkpoint holds (rank 0; None on the others). Every rank calls it: the
+        weights are checked to be finite on all (and gathered, sharded)."""
+        # never save poisoned weights: one read, agreed over ranks
+        first_bad, finite = self.losses.check(self.model.parameters())
         _, (first_bad, unhealthy) = gather_sum_max(
             [], [-(NONE if first_bad is None else first_bad), float(not finite)], self.device
         )
@@ -442,7 +493,10 @@ class Trainer:
         state = training_state(
             self.config, model_state, optimizer_state, self.precision.scaler, self.schedule, where
         )
-        return save_checkpoint(state, self.checkpoints, p.step, keep=self.cfg.checkpoint.keep)
+        state["best"] = self.best.state_dict()
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()  # beside the weights, with the same keys
+        return state
 
     def save_at_last_step(self) -> Path | None:
         """save() at the last optimizer step: a window cut short is redone on resume."""
@@ -481,7 +535,8 @@ class Trainer:
     def finished_summary(self) -> dict[str, Any] | None:
         """A rerun of a finished run trains nothing and keeps its summary."""
         finished = self.run_dir / "summary.json"
-        if self.position.step < self.total_steps or not finished.is_file():
+        ended = self.position.step >= self.total_steps or self.best.should_stop
+        if not ended or not finished.is_file():
             return None
         log.warning(
             "%s trained all %d steps already; nothing to do (resume=null trains it again)",
@@ -501,6 +556,9 @@ class Trainer:
             **token_summary(summary, self.task.tokens_per_sample),
             "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
             "advice": [finding.as_dict() for finding in self.advice],
+            "stop_reason": "early_stop" if p.step < self.total_steps else "completed",
+            "best": self.best.summary(f"checkpoints/{BEST}"),
+            "ema": None if self.ema is None else {"decay": self.ema.decay, **self.ema_val},
             "profile": self.profiler.finish(),
             "nonfinite_skipped_steps": self.losses.skipped,
         }

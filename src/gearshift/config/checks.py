@@ -327,6 +327,24 @@ def _check_distributed(cfg: DictConfig) -> None:
         )
 
 
+def _check_ema_and_early_stop(cfg: DictConfig) -> None:
+    decay = cfg.ema.decay
+    if decay is not None and not 0 < decay < 1:
+        _fail("ema.decay", decay, "expected a number > 0 and < 1 (or null to turn it off)")
+    if decay is not None and cfg.distributed.strategy == "fsdp":
+        _fail(
+            "ema.decay",
+            decay,
+            "weight averaging does not shard its copy under distributed=fsdp; "
+            "use distributed=ddp or ema.decay=null",
+        )
+    _check_int(cfg, "ema.every_n_steps", 1)
+    _check_int(cfg, "ema.start_step", 0)
+    _check_int(cfg, "early_stop.patience", 1, optional=True)
+    if cfg.early_stop.min_delta < 0:
+        _fail("early_stop.min_delta", cfg.early_stop.min_delta, "expected a number >= 0")
+
+
 def _check_logger(cfg: DictConfig) -> None:
     _check_choice(cfg, "logger.mode", LOGGER_MODES)
     if cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
@@ -379,6 +397,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
+    _check_ema_and_early_stop(cfg)
     _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
     _check_profile(cfg)
     _check_distributed(cfg)

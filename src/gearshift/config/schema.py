@@ -119,6 +119,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class EmaConfig:
+    """Weight averaging (engine/ema.py): an EMA of the weights, validated and saved too."""
+
+    decay: float | None = None  # null: off; e.g. 0.999 (0 < decay < 1)
+    every_n_steps: int = 1  # fold the weights in every N optimizer steps
+    start_step: int = 0  # before this step the average follows the weights
+
+
+@dataclass
+class EarlyStopConfig:
+    """End the run when the task's monitor metric stops improving (state/best.py)."""
+
+    patience: int | None = None  # validations without an improvement; null: off
+    min_delta: float = 0.0  # an improvement beats the best by more than this
+
+
+@dataclass
 class ProfileConfig:
     """`profile=on`: torch.profiler over a window of steps (observe/profiler.py); and, on CUDA,
     the allocator's history (observe/memory_snapshot.py), on or off by itself."""
@@ -147,6 +164,8 @@ class Config:
     distributed: DistributedConfig = MISSING
     profile: ProfileConfig = MISSING
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
+    early_stop: EarlyStopConfig = field(default_factory=EarlyStopConfig)
     resume: str | None = "auto"  # the newest checkpoint in the run folder, if any; null; a path
     device_transforms: DeviceTransformsConfig = field(default_factory=DeviceTransformsConfig)
     batch_size_finder: BatchSizeFinderConfig = field(default_factory=BatchSizeFinderConfig)

@@ -149,35 +149,56 @@ def check_token_folder(
         raise ConfigError(
             f"{where}{folder / meta_name} says dtype {dtype!r}; choose one of: {', '.join(DTYPES)}"
         )
-    itemsize = np.dtype(dtype).itemsize
-    tokens: dict[str, int] = {}
-    for split in SPLITS if need_val else ("train",):
-        file = folder / f"{split}.bin"
-        if not file.is_file():
-            fix = " (or data.num_val_samples=0: no validation)" if split == "val" else ""
-            raise ConfigError(
-                f"{where}it has no {split}.bin; expected train.bin and val.bin, as "
-                f"scripts/prepare_text.py writes them{fix}"
-            )
-        size = file.stat().st_size
-        if size % itemsize:
-            raise ConfigError(
-                f"{where}{file} has {size} bytes, not a whole number of {dtype} tokens "
-                f"({itemsize} bytes each): it is damaged, or written in another dtype"
-            )
-        tokens[split] = size // itemsize
-        recorded = meta.get(f"{split}_tokens")
-        if recorded is not None and recorded != tokens[split]:
-            raise ConfigError(
-                f"{where}{file} holds {tokens[split]} {dtype} tokens, {meta_name} says "
-                f"{recorded}: it is damaged, or written in another dtype"
-            )
-        if tokens[split] < block_size + 1:
-            raise ConfigError(
-                f"data.block_size={block_size} is not allowed; {file} holds {tokens[split]} "
-                f"tokens, fewer than one window of block_size + 1 = {block_size + 1}"
-            )
-    recorded_max = meta.get("max_token_id")
+    tokens = {
+        split: _split_tokens(folder / f"{split}.bin", dtype, meta, meta_name, block_size, where)
+        for split in (SPLITS if need_val else ("train",))
+    }
+    _check_ids(folder, tokens, dtype, vocab_size, meta.get("max_token_id"), meta_name, where)
+    return TokenFolder(folder, dtype, tokens, meta)
+
+
+def _split_tokens(
+    file: Path, dtype: str, meta: dict[str, Any], meta_name: str, block_size: int, where: str
+) -> int:
+    """The tokens in one split's file: it exists, its size fits the dtype and the meta
+    file's count, and it holds at least one window."""
+    split = file.stem
+    if not file.is_file():
+        fix = " (or data.num_val_samples=0: no validation)" if split == "val" else ""
+        raise ConfigError(
+            f"{where}it has no {split}.bin; expected train.bin and val.bin, as "
+            f"scripts/prepare_text.py writes them{fix}"
+        )
+    size, itemsize = file.stat().st_size, np.dtype(dtype).itemsize
+    if size % itemsize:
+        raise ConfigError(
+            f"{where}{file} has {size} bytes, not a whole number of {dtype} tokens "
+            f"({itemsize} bytes each): it is damaged, or written in another dtype"
+        )
+    tokens, recorded = size // itemsize, meta.get(f"{split}_tokens")
+    if recorded is not None and recorded != tokens:
+        raise ConfigError(
+            f"{where}{file} holds {tokens} {dtype} tokens, {meta_name} says {recorded}: it is "
+            "damaged, or written in another dtype"
+        )
+    if tokens < block_size + 1:
+        raise ConfigError(
+            f"data.block_size={block_size} is not allowed; {file} holds {tokens} tokens, "
+            f"fewer than one window of block_size + 1 = {block_size + 1}"
+        )
+    return tokens
+
+
+def _check_ids(
+    folder: Path,
+    tokens: dict[str, int],
+    dtype: str,
+    vocab_size: int,
+    recorded_max: int | None,
+    meta_name: str,
+    where: str,
+) -> None:
+    """Every token id below vocab_size (and, where recorded, at most max_token_id)."""
     if recorded_max is not None and recorded_max >= vocab_size:
         raise ConfigError(
             f"data.vocab_size={vocab_size} is not allowed; the token ids go up to "
@@ -199,7 +220,6 @@ def check_token_folder(
                 f"{largest}: expected at least {largest + 1} (a damaged file, or one "
                 f"written in another dtype than {dtype}, also does this)"
             )
-    return TokenFolder(folder, dtype, tokens, meta)
 
 
 def _is_int(value: Any, minimum: int) -> bool:

@@ -3,12 +3,12 @@
 The loader's workers only read each file's bytes (`JpegFiles`), and a batch is those bytes
 laid end to end in one tensor (`collate_jpegs`: one buffer to pin and hand over, whatever
 the images' sizes). `DeviceDecodedBatches` then decodes each batch with one call of
-`torchvision.io.decode_jpeg(list, device=...)` (batched nvJPEG on CUDA), resizes it as the
-host path does (shorter side to `data.image_size`, centre crop), and, batch-wide on the
-device, adds the host path's augmentation (`data.augment`: padded random crop, flip), the
-scaling to [0, 1] and the normalisation by `data.mean`/`data.std`, in the layout the
-`memory_format` gear asks for, in a thread of its own a few batches ahead of the training
-loop (on CUDA on a side stream). The trainer then sees batches already on the device.
+`torchvision.io.decode_jpeg(list, device=...)` (batched nvJPEG on CUDA) and resizes it as
+the host path does (each image's centre square to `data.image_size`), in a thread of its
+own a few batches ahead of the training loop (on CUDA on a side stream). The trainer gets
+uint8 batches already on the device, in the `memory_format` gear's layout, exactly as from
+the host's uint8 path: its DeviceTransforms scales them to [0, 1], augments them
+(`data.augment`) and normalises them (`data.mean`/`data.std`) there.
 
 Only JPEGs can be decoded this way: while indexing, `find_non_jpegs` reads the first bytes
 of every file and a non-JPEG (a PNG, an HTML page saved as .jpg) stops the run before it
@@ -34,16 +34,13 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
-from omegaconf import OmegaConf
 from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
-from torchvision.transforms.v2 import functional as TF
 
-from gearshift.data.decode import UnreadableImage
-from gearshift.data.device_transforms import DeviceTransforms
+from gearshift.data.decode import UnreadableImage, centre_square
 
 JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker, then the first segment's marker
 READ_MODES = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}  # data.channels -> decode mode
@@ -117,7 +114,8 @@ def collate_jpegs(
 class JpegFiles(Dataset):
     """(path, label) pairs read as undecoded bytes: decoding is the device's (`data.decode=gpu`).
 
-    Carries what the device needs to finish the images as the host path would.
+    `device_transforms` (the source's stage of data/device_transforms.py: `data.augment`,
+    `data.mean`, `data.std`) is what the trainer does to the decoded uint8 batches.
     """
 
     collate = staticmethod(collate_jpegs)
@@ -128,16 +126,17 @@ class JpegFiles(Dataset):
         classes: list[str],
         image_size: int,
         channels: int,
-        augment: bool,
-        mean: Sequence[float] | None,
-        std: Sequence[float] | None,
+        device_transforms: dict[str, Any] | None,
         train: bool,
     ) -> None:
         self.samples, self.classes = list(samples), classes
         self.image_size, self.channels, self.train = image_size, channels, train
-        self.augment = augment and train
-        self.mean = None if mean is None else list(mean)
-        self.std = None if std is None else list(std)
+        self.device_transforms = device_transforms
+        self.gears = {
+            "data_batch_dtype": "uint8",
+            "decoder": "nvjpeg",
+            "decoder_reason": "data.decode=gpu: torchvision.io.decode_jpeg on the training device",
+        }
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -177,8 +176,8 @@ def decode_batch(batch: JpegBatch, channels: int, device: torch.device) -> list[
 
 
 def resize_crop(images: Sequence[torch.Tensor], size: int) -> torch.Tensor:
-    """uint8 CHW images of any sizes -> one uint8 N x C x size x size batch: shorter side
-    resized to `size` (antialiased, as the host's v2.Resize), then the centre crop.
+    """uint8 CHW images of any sizes -> one uint8 N x C x size x size batch, each image's
+    centre square resized to `size` as the host path does (decode.py centre_square).
 
     Images of one shape are resized together, so a folder of equal sizes costs one call.
     """
@@ -186,21 +185,19 @@ def resize_crop(images: Sequence[torch.Tensor], size: int) -> torch.Tensor:
     for i, image in enumerate(images):
         by_shape[tuple(image.shape)].append(i)
     out: list[torch.Tensor | None] = [None] * len(images)
-    for shape, members in by_shape.items():
-        group = torch.stack([images[i] for i in members])
-        if min(shape[1:]) != size or shape[1] != shape[2]:
-            group = TF.resize(group, [size], antialias=True)
-            group = TF.center_crop(group, [size, size])
+    for members in by_shape.values():
+        group = centre_square(torch.stack([images[i] for i in members]), size)
+        if len(by_shape) == 1:
+            return group
         for i, image in zip(members, group, strict=True):
             out[i] = image
-    if len(by_shape) == 1:
-        return group
     return torch.stack(out)  # type: ignore[arg-type]
 
 
 class DeviceDecodedBatches:
-    """Batches of JPEG bytes from `batches` (a loader over `JpegFiles`), yielded decoded,
-    resized, augmented and normalised on `device`, with the labels there too.
+    """Batches of JPEG bytes from `batches` (a loader over `JpegFiles`), yielded decoded and
+    resized on `device` (uint8, in `memory_format`), with the labels there too; the trainer's
+    DeviceTransforms then scales, augments and normalises them (`dataset.device_transforms`).
 
     A thread of its own decodes up to AHEAD batches ahead of the training loop: nvJPEG
     holds the calling thread until its batch is decoded, and on a CUDA device that thread
@@ -220,21 +217,10 @@ class DeviceDecodedBatches:
         device: torch.device,
         memory_format: torch.memory_format,
         non_blocking: bool,
-        seed: int,
     ) -> None:
-        self.batches, self.device = batches, device
+        self.batches, self.dataset, self.device = batches, dataset, device
         self.memory_format, self.non_blocking = memory_format, non_blocking
-        self.size, self.channels, self.train = dataset.image_size, dataset.channels, dataset.train
-        finish = OmegaConf.create(
-            {
-                "normalize": dataset.mean is not None,
-                "mean": dataset.mean or [0.0],
-                "std": dataset.std or [1.0],
-                "hflip": dataset.augment,  # the host path's crop padding: data/images.py
-                "crop_padding": max(1, self.size // 8) if dataset.augment else 0,
-            }
-        )
-        self.finish = DeviceTransforms(finish, device, memory_format, seed)
+        self.size, self.channels = dataset.image_size, dataset.channels
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -243,9 +229,9 @@ class DeviceDecodedBatches:
         self.batches.set_epoch(epoch, start_batch)
 
     def decode(self, batch: JpegBatch) -> torch.Tensor:
-        """A JpegBatch -> float32 N x C x size x size on the device, in the memory format."""
+        """A JpegBatch -> uint8 N x C x size x size on the device, in the memory format."""
         images = resize_crop(decode_batch(batch, self.channels, self.device), self.size)
-        return self.finish(images, self.train)  # uint8 in: always scaled, laid out
+        return images.contiguous(memory_format=self.memory_format)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         ready: queue.Queue = queue.Queue(maxsize=self.AHEAD)
@@ -313,9 +299,8 @@ def decoded_on_device(
     device: torch.device,
     memory_format: torch.memory_format,
     non_blocking: bool,
-    seed: int,
 ):
     """`batches` decoded on the device when they come from `JpegFiles`, else untouched."""
     if not isinstance(dataset, JpegFiles):
         return batches
-    return DeviceDecodedBatches(batches, dataset, device, memory_format, non_blocking, seed)
+    return DeviceDecodedBatches(batches, dataset, device, memory_format, non_blocking)

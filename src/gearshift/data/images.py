@@ -76,8 +76,11 @@ def crop_padding(size: int) -> int:
 
 def device_stage(data: SimpleNamespace) -> dict[str, Any] | None:
     """`data.batch_dtype=uint8`: the host's transforms, as device_transforms keys."""
-    if data.batch_dtype != "uint8":
-        return None
+    return source_stage(data) if data.batch_dtype == "uint8" else None
+
+
+def source_stage(data: SimpleNamespace) -> dict[str, Any]:
+    """`data.augment`, `data.mean` and `data.std` as device_transforms keys."""
     return {
         "normalize": data.mean is not None,
         "mean": list(data.mean or [0.0]),
@@ -278,9 +281,9 @@ def _jpeg_files(
             "and the device decodes JPEGs only; convert it or use data.decode=host"
         )
     log.info("data: the loader's workers read JPEG bytes; the training device decodes them")
-    options = (data.image_size, data.channels, data.augment, data.mean, data.std)
+    stage = source_stage(data)  # decoded batches are uint8 whatever data.batch_dtype says
     sets = [
-        JpegFiles(samples, classes, *options, train=t)
+        JpegFiles(samples, classes, data.image_size, data.channels, stage, train=t)
         for samples, t in ((train, True), (val, False))
     ]
     return sets[0], (sets[1] if val else None)

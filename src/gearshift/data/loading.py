@@ -231,7 +231,7 @@ def build_loader(
     layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
     # data.decode=gpu: the loader yields JPEG bytes, decoded here on the device
     return decoded_on_device(
-        LoaderBatches(loader, seed, rank), dataset, device, layout, dl.non_blocking, seed
+        LoaderBatches(loader, seed, rank), dataset, device, layout, dl.non_blocking
     )
 
 

@@ -45,7 +45,7 @@ def wandb_mode(configured: str) -> str:
 
 
 class NullLogger:
-    """The logger interface; this one keeps nothing (`logger=none`)."""
+    """The logger interface; this one keeps nothing (ranks other than 0 hold it)."""
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         pass

@@ -61,7 +61,7 @@ class PerfMeter:
         self.steady = Interval()  # the sum of the intervals after warm-up
         self.everything = Interval()
         self.left_out: range = range(0)
-        self.resume()
+        self._open(self._mark())
 
     def leave_out(self, steps: range) -> None:
         """Keep these steps (numbered from 1 as `step` counts them) out of the steady-state
@@ -76,21 +76,29 @@ class PerfMeter:
             return event
         return time.perf_counter()
 
-    def resume(self) -> None:
-        """Start a new interval now, leaving out whatever ran since the last step (validation)."""
+    def _open(self, mark: torch.cuda.Event | float) -> None:
+        """Start an interval at `mark` (the last step's end)."""
         self._start_time = time.perf_counter()
-        self._marks = [self._mark()]
+        self._segments = [[mark]]  # the step marks, a new segment after each pause
+        self._pauses: list[tuple] = []  # (the last step's mark, the mark going on after it)
         self._current = Interval()
         self._left = Interval()  # the interval's left-out steps (their step_ms: at flush)
         self._left_indices: list[int] = []
         self._step_wait = 0.0
+
+    def resume(self) -> None:
+        """Go on after a pause (validation, start-up): the time since the last step is left
+        out; the interval's steps so far stay in it."""
+        mark = self._mark()
+        self._pauses.append((self._segments[-1][-1], mark))
+        self._segments.append([mark])
 
     def add_data_wait(self, seconds: float) -> None:
         self._current.data_wait_seconds += seconds
         self._step_wait += seconds
 
     def step(self, samples: int) -> None:
-        self._marks.append(self._mark())
+        self._segments[-1].append(self._mark())
         self.steps_done += 1
         if self.steps_done in self.left_out:
             self._left_indices.append(self._current.steps)
@@ -103,20 +111,22 @@ class PerfMeter:
 
     def flush(self) -> Interval:
         """Close the interval; call right after a host sync so the events are complete."""
-        interval, marks = self._current, self._marks
-        interval.seconds = time.perf_counter() - self._start_time
+        interval, last = self._current, self._segments[-1][-1]
+        wall = time.perf_counter() - self._start_time
         if self.cuda:
-            marks[-1].synchronize()
-            interval.step_ms = [a.elapsed_time(b) for a, b in pairwise(marks)]
+            last.synchronize()
+            between_ms = lambda a, b: a.elapsed_time(b)  # noqa: E731
         else:
-            interval.step_ms = [1000 * (b - a) for a, b in pairwise(marks)]
+            between_ms = lambda a, b: 1000 * (b - a)  # noqa: E731
+        paused = sum(between_ms(a, b) for a, b in self._pauses) / 1000
+        interval.seconds = max(0.0, wall - paused)
+        interval.step_ms = [
+            between_ms(a, b) for marks in self._segments for a, b in pairwise(marks)
+        ]
         self.everything.add(interval)
         if self.steps_done - interval.steps >= self.warmup_steps:
             self.steady.add(self._without_left_out(interval))
-        self._start_time = time.perf_counter()
-        self._marks = [marks[-1]]
-        self._current = Interval()
-        self._left, self._left_indices = Interval(), []
+        self._open(last)
         return interval
 
     def _without_left_out(self, interval: Interval) -> Interval:

@@ -22,6 +22,7 @@ import torch
 log = logging.getLogger(__name__)
 
 NAME = re.compile(r"^step_(\d+)\.pt$")
+BEST = "best.pt"  # the best validation so far (state/best.py); resume=auto never picks it
 
 
 class CheckpointError(ValueError):
@@ -60,23 +61,35 @@ def latest_checkpoint(folder: Path) -> Path | None:
     return max(found)[1] if found else None
 
 
-def save_checkpoint(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
-    """Write atomically, then drop all but the newest `keep` checkpoints."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = checkpoint_path(folder, step)
+def write_atomically(state: dict[str, Any], path: Path) -> Path:
+    """torch.save into a temporary file, flushed to disk, then renamed over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as file:
         torch.save(state, file)
         file.flush()
         os.fsync(file.fileno())
     os.replace(tmp, path)
+    return path
+
+
+def save_checkpoint(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
+    """Write atomically, then drop all but the newest `keep` step checkpoints (best.pt is no
+    step checkpoint: rotation never touches it)."""
+    path = write_atomically(state, checkpoint_path(folder, step))
     steps = sorted(int(m[1]) for p in folder.glob("step_*.pt") if (m := NAME.match(p.name)))
     for old in steps[:-keep]:
         checkpoint_path(folder, old).unlink(missing_ok=True)
-    for stale in folder.glob(".step_*.pt.tmp"):  # left by a save that crashed
-        if stale != tmp:
-            stale.unlink(missing_ok=True)
+    for stale in folder.glob(".step_*.pt.tmp"):  # left by a save that crashed (ours is renamed)
+        stale.unlink(missing_ok=True)
     log.info("checkpoint: %s", path)
+    return path
+
+
+def save_best(state: dict[str, Any], folder: Path) -> Path:
+    """Write the best state so far over `folder/best.pt`, atomically."""
+    path = write_atomically(state, folder / BEST)
+    log.info("best checkpoint: %s (step %d)", path, state["position"]["step"])
     return path
 
 

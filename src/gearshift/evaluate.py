@@ -1,0 +1,168 @@
+"""Validation of a checkpoint without training: `python -m gearshift.evaluate resume=PATH`.
+
+    python -m gearshift.evaluate resume=runs/my-run/checkpoints/best.pt
+    python -m gearshift.evaluate resume=runs/my-run/checkpoints/step_000001000.pt amp=bf16
+
+The config is the checkpoint's own (the run's resolved config) with the overrides on top:
+a group override (`amp=bf16`, `model=mlp`) replaces that node, a key (`batch_size=256`)
+that key, an experiment or gear preset the keys it changes. The run's Trainer is built
+from it (same data, precision, memory format, device transforms), the checkpoint's
+weights are loaded, and its validation runs once, for the weight average too when the
+checkpoint holds one (`ema.decay`). The metrics go to `eval.json` in the checkpoint's run
+folder (the folder above `checkpoints/`; for a checkpoint elsewhere, its own folder), or
+to `--output`. One process: `distributed` is set to none.
+
+A checkpoint of another model or task, or a bad value, ends with one `error:` line and
+exit 2, as with train.py, and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from gearshift.app import EXIT_BAD_CONFIG, culprit, default_config_dir, describe_error
+from gearshift.config import ConfigError, check_config
+from gearshift.config.checks import locate
+from gearshift.config.schema import Config
+from gearshift.engine.runtime import resolve_device
+from gearshift.observe.loggers import write_json_atomic
+from gearshift.observe.summary import resolved_gears
+from gearshift.parallel.distributed import Ranks
+from gearshift.state.checkpoint import CheckpointError, load_checkpoint, load_model_state
+
+log = logging.getLogger("gearshift.evaluate")
+
+
+def split_resume(overrides: list[str]) -> tuple[Path, list[str]]:
+    """The checkpoint (`resume=PATH`) and the other overrides."""
+    paths = [o.split("=", 1)[1] for o in overrides if o.startswith("resume=")]
+    rest = [o for o in overrides if not o.startswith("resume=")]
+    if not paths or paths[-1] in ("", "null", "auto"):
+        value = paths[-1] if paths else None
+        raise ConfigError(f"resume={value!r} is not allowed; give the checkpoint: resume=PATH")
+    if not Path(paths[-1]).is_file():
+        raise ConfigError(f"resume={paths[-1]!r} is not allowed; no such checkpoint file")
+    return Path(paths[-1]), rest
+
+
+def changed_leaves(before: Any, after: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain config trees."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        keys = sorted(before.keys() | after.keys())
+        return [k for key in keys for k in changed_leaves(before.get(key), after.get(key), f"{prefix}{key}.")]  # fmt: skip
+    return [] if before == after else [prefix.rstrip(".")]
+
+
+def evaluation_config(saved: dict, overrides: list[str], config_dir: Path) -> DictConfig:
+    """The checkpoint's config with the overrides applied as train.py would apply them."""
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)  # keys added since: defaults
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"the checkpoint's config does not fit this version: {error}") from None
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        plain = OmegaConf.to_container(compose("config"), resolve=False)
+        try:
+            given_cfg = compose("config", overrides=overrides)
+        except (HydraException, OmegaConfBaseException) as error:  # amp=onn: one line
+            raise ConfigError(describe_error(error, culprit(error, overrides), overrides)) from None
+    given = OmegaConf.to_container(given_cfg, resolve=False)  # interpolations resolve in cfg
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_sweep_override():
+            raise ConfigError(f"{override.input_line} is not allowed; evaluate takes one value")
+        key = override.key_or_group
+        if (config_dir / key).is_dir() and key not in given:  # a preset at the top level
+            keys = changed_leaves(plain, given)
+        else:  # a node of its own (amp=bf16: the whole amp node) or one key
+            keys = [key]
+        for dotted in keys:
+            node: Any = given
+            for part in dotted.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            existing = OmegaConf.select(cfg, dotted)
+            typed = OmegaConf.is_dict(existing) and OmegaConf.get_type(existing) is not dict
+            # a typed node (logger, amp) takes the new values key by key; a plain one (model,
+            # data, task) is replaced whole, so no key of the old option is left over
+            OmegaConf.update(cfg, dotted, node, merge=typed, force_add=True)
+    cfg.resume = None  # the weights are loaded below, not a training state
+    cfg.distributed.strategy, cfg.distributed.nproc_per_node = "none", 1
+    return cfg
+
+
+def output_path(checkpoint: Path) -> Path:
+    folder = checkpoint.parent
+    return (folder.parent if folder.name == "checkpoints" else folder) / "eval.json"
+
+
+def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> dict[str, Any]:
+    """Validate the checkpoint at `path` under its config and `overrides`; eval.json's dict."""
+    checkpoint = load_checkpoint(path)
+    cfg = evaluation_config(checkpoint["config"], overrides, config_dir)
+    check_config(cfg)
+    trained_for, now = checkpoint["config"]["task"]["_target_"], cfg.task._target_
+    if trained_for != now:
+        raise CheckpointError(
+            f"resume={str(path)!r}: the checkpoint was trained for another task "
+            f"({trained_for}), not {now}"
+        )
+    device = resolve_device(cfg.device)
+    trainer = locate("trainer", cfg.trainer)(cfg, output_path(path).parent, None, Ranks(), "none", device)  # fmt: skip
+    if trainer.val_batches is None:
+        raise ConfigError(
+            f"resume={str(path)!r} is not allowed; its data has no validation set: "
+            "add one with overrides (e.g. data.num_val_samples=N)"
+        )
+    load_model_state(trainer.model, checkpoint, path)
+    metrics = trainer.evaluate()
+    ema_metrics = None
+    if trainer.ema is not None and "ema" in checkpoint:
+        trainer.ema.load_state_dict(checkpoint["ema"])
+        ema_metrics = trainer.evaluate(trainer.ema.model)
+    return {
+        "checkpoint": str(path.resolve()),
+        "step": checkpoint["position"]["step"],
+        "overrides": overrides,
+        "device": str(device),
+        "metrics": metrics,
+        "ema_metrics": ema_metrics,
+        "gears": resolved_gears(trainer.cfg, trainer.precision, device, "none"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config-dir", type=Path, default=None, help="default: ./conf")
+    parser.add_argument("--output", type=Path, default=None, help="default: <run folder>/eval.json")
+    parser.add_argument("overrides", nargs="*", help="resume=PATH and config overrides")
+    args = parser.parse_args(argv)
+    config_dir = (args.config_dir or default_config_dir()).resolve()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        path, overrides = split_resume(args.overrides)
+        result = evaluate_checkpoint(path, overrides, config_dir)
+    except (ConfigError, CheckpointError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except (HydraException, OmegaConfBaseException) as error:  # overrides that do not parse
+        print(f"error: {describe_error(error, None)}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    output = args.output or output_path(path)
+    write_json_atomic(output, result)
+    log.info("%s at step %d: %s -> %s", path, result["step"], result["metrics"], output)
+    if result["ema_metrics"] is not None:
+        log.info("weight average: %s", result["ema_metrics"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""The best validation so far (`checkpoints/best.pt`) and early stopping (`early_stop.*`).
+
+"Better" is the task's `monitor` metric in its `mode` (tasks/base.py): lower for `min`,
+higher for `max`, by more than `min_delta`. Early stopping ends a run after `patience`
+validations in a row without an improvement. The tracker's state travels in every
+checkpoint, so a resumed run counts on exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+
+from gearshift.config import ConfigError
+from gearshift.tasks import Task
+
+
+@dataclass
+class BestTracker:
+    metric: str
+    mode: str  # min | max
+    min_delta: float = 0.0
+    patience: int | None = None  # None: never stop early
+    step: int | None = None  # the step of the best validation so far
+    value: float | None = None
+    bad_validations: int = 0  # validations in a row without an improvement
+
+    def update(self, value: float | None, step: int) -> bool:
+        """Count one validation; True when it is the best so far (save it)."""
+        if self.improves(value):
+            self.step, self.value, self.bad_validations = step, value, 0
+            return True
+        self.bad_validations += 1
+        return False
+
+    def improves(self, value: float | None) -> bool:
+        if value is None or math.isnan(value):
+            return False  # a NaN is never better, not even than nothing
+        if self.value is None:
+            return True
+        gain = self.value - value if self.mode == "min" else value - self.value
+        return gain > self.min_delta
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience is not None and self.bad_validations >= self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.value = state["step"], state["value"]
+        self.bad_validations = state["bad_validations"]
+
+    def summary(self, checkpoint: str | None) -> dict[str, Any]:
+        """summary.json's `best`: the metric, its direction, the best step and value."""
+        return {
+            "metric": self.metric,
+            "mode": self.mode,
+            "step": self.step,
+            "value": self.value,
+            "checkpoint": checkpoint if self.step is not None else None,
+        }
+
+
+def build_tracker(task: Task, cfg: DictConfig) -> BestTracker:
+    """The tracker of `task`'s monitor metric with the `early_stop` node's settings."""
+    name = f"{type(task).__module__}.{type(task).__qualname__}"
+    if task.mode not in ("min", "max"):
+        raise ConfigError(f"task {name}: mode={task.mode!r} is not allowed; choose min or max")
+    if task.monitor not in task.metrics:
+        raise ConfigError(
+            f"task {name}: monitor={task.monitor!r} is not allowed; "
+            f"choose one of its metrics: {', '.join(task.metrics)}"
+        )
+    return BestTracker(task.monitor, task.mode, cfg.min_delta, cfg.patience)

@@ -1,0 +1,138 @@
+"""best.pt, early stopping and the search objective: the task's monitor metric decides."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import CONF, make_cfg
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+from gearshift.app import objective
+from gearshift.state.best import BestTracker
+from gearshift.state.checkpoint import load_checkpoint
+from gearshift.tasks import Classification
+from gearshift.trainer import fit
+
+
+class ScriptedAccuracy(Classification):
+    """Classification whose val_accuracy is `script`, one value per validation, so a test
+    decides when the metric goes up and down."""
+
+    def __init__(self, num_classes: int, input_shape: list[int], script: list[float]) -> None:
+        super().__init__(num_classes, input_shape)
+        self.script, self.validations = list(script), 0
+
+    def eval_metrics(self, sums: dict[str, float], count: int) -> dict[str, float]:
+        metrics = super().eval_metrics(sums, count)
+        metrics["val_accuracy"] = self.script[self.validations]
+        self.validations += 1
+        return metrics
+
+
+def scripted(*script: float) -> tuple[str, ...]:
+    values = ",".join(map(str, script))
+    return ("model=mlp", f"task._target_={__name__}.ScriptedAccuracy", f"+task.script=[{values}]")
+
+
+class ParameterSnapshots:
+    """The parameters after each optimizer step (step n at index n - 1)."""
+
+    def __enter__(self):
+        self.steps: list[list[torch.Tensor]] = []
+
+        def hook(optimizer, args, kwargs):
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            self.steps.append([p.detach().clone() for p in params])
+
+        self.handle = register_optimizer_step_post_hook(hook)
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def test_best_pt_holds_the_step_of_the_best_validation(tmp_path):
+    # validations at steps 2, 4, ..., 10; accuracy (mode max) peaks at step 8
+    cfg = make_cfg(
+        *scripted(0.3, 0.7, 0.5, 0.9, 0.4),
+        "max_steps=10",
+        "val_every_n_steps=2",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.keep=1",  # rotation of step checkpoints never deletes best.pt
+    )
+    with ParameterSnapshots() as snapshots:
+        result = fit(cfg, tmp_path)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["best.pt", "step_000000010.pt"]
+    best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert best["position"]["step"] == 8
+    assert best["best"]["value"] == 0.9 and best["best"]["step"] == 8
+    parameters = [name for name, _ in result.model.named_parameters()]
+    for name, at_step_8 in zip(parameters, snapshots.steps[8 - 1], strict=True):
+        assert torch.equal(best["model"][name], at_step_8), name  # step 8's weights
+        assert not torch.equal(best["model"][name], result.model.state_dict()[name]), name
+    summary = result.summary
+    assert summary["best"] == {
+        "metric": "val_accuracy",
+        "mode": "max",
+        "step": 8,
+        "value": 0.9,
+        "checkpoint": "checkpoints/best.pt",
+    }
+    assert summary["val_accuracy"] == 0.4 and summary["stop_reason"] == "completed"
+    assert objective(summary) == 0.9  # what a sweep optimises: the best, not the last
+
+
+def test_early_stopping_ends_at_the_expected_validation(tmp_path):
+    # best at step 4 (0.7); steps 6 and 8 do not improve on it: patience 2 ends at step 8
+    cfg = make_cfg(
+        *scripted(0.3, 0.7, 0.6, 0.65, 0.9, 0.95),
+        "max_steps=20",
+        "val_every_n_steps=2",
+        "early_stop.patience=2",
+    )
+    result = fit(cfg, tmp_path)
+    summary = result.summary
+    assert summary["steps"] == 8 and summary["stop_reason"] == "early_stop"
+    assert summary["val_accuracy"] == 0.65  # the 4th validation was the last one
+    assert summary["best"]["step"] == 4 and summary["best"]["value"] == 0.7
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["best.pt", "step_000000008.pt"]  # a final checkpoint, at the stop
+    final = load_checkpoint(tmp_path / "checkpoints" / "step_000000008.pt")
+    assert final["best"]["bad_validations"] == 2
+    again = fit(cfg, tmp_path)  # a rerun of the stopped run trains nothing more
+    assert again.summary == summary
+
+
+def test_min_delta_and_patience_count_validations_without_improvement():
+    tracker = BestTracker("val_loss", "min", min_delta=0.1, patience=2)
+    assert tracker.update(1.0, step=1)  # the first value is the best so far
+    assert not tracker.update(0.95, step=2)  # better, but not by more than min_delta
+    assert not tracker.should_stop
+    assert tracker.update(0.85, step=3) and tracker.bad_validations == 0
+    assert not tracker.update(float("nan"), step=4)  # a NaN never improves
+    assert not tracker.update(2.0, step=5)
+    assert tracker.should_stop and (tracker.step, tracker.value) == (3, 0.85)
+
+
+def test_without_validation_there_is_no_best_and_the_objective_is_the_loss(tmp_path):
+    result = fit(make_cfg("model=mlp", "max_steps=2", "data.num_val_samples=0"), tmp_path)
+    assert result.summary["best"]["step"] is None
+    assert not (tmp_path / "checkpoints" / "best.pt").exists()
+    # classification's mode is max: the loss is negated, so maximising it still helps
+    assert objective(result.summary) == -result.summary["final_loss"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "direction"),
+    [((), "maximize"), (("experiment=regression",), "minimize")],
+    ids=["classification-accuracy", "regression-loss"],
+)
+def test_the_optuna_preset_takes_the_tasks_direction(overrides, direction):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            "config", overrides=["hparams_search=lr_batch", *overrides], return_hydra_config=True
+        )
+    assert OmegaConf.select(cfg, "hydra.sweeper.direction") == direction
