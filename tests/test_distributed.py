@@ -124,7 +124,13 @@ GPT_CLIPPED = [
 def gpt_one_process(tmp_path_factory):
     """One process, batch 16: the parameters and logged gradient norms 2 ranks must reach."""
     run_dir = tmp_path_factory.mktemp("gpt_one_process")
-    train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    try:  # in this process: the rank's RANK=0, WORLD_SIZE=1 and one thread must not outlive it
+        train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
+    finally:  # (a later train.py run would inherit RANK and skip nproc_per_node's launcher)
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
     return torch.load(run_dir / "rank0.pt", weights_only=False)
 
 
