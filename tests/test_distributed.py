@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_recorded, train_sharded
 from helpers import CONF, ROOT, make_cfg, only_summary, run_train, seconds
 
+import gearshift.trainer
 from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
 from gearshift.state.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
@@ -122,9 +123,18 @@ GPT_CLIPPED = [
 
 @pytest.fixture(scope="module")
 def gpt_one_process(tmp_path_factory):
-    """One process, batch 16: the parameters and logged gradient norms 2 ranks must reach."""
+    """One process, batch 16: the parameters and logged gradient norms 2 ranks must reach.
+    Run here (a spawned process costs seconds), undoing what the worker sets for a rank."""
     run_dir = tmp_path_factory.mktemp("gpt_one_process")
-    train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
+    threads, environment = torch.get_num_threads(), dict(os.environ)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gearshift.trainer.Trainer, "log", gearshift.trainer.Trainer.log)
+        try:
+            train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
+        finally:
+            torch.set_num_threads(threads)
+            os.environ.clear()
+            os.environ.update(environment)
     return torch.load(run_dir / "rank0.pt", weights_only=False)
 
 
