@@ -17,7 +17,8 @@ on host data (`data.on_device=false`): on a GPU the copy of the next batch overl
 compute; on a CPU the prefetcher passes batches through, so the result must be identical
 and the throughput the same.
 
-    python scripts/bench.py                       # mlp at batch 128, then resnet18
+    python scripts/bench.py                       # mlp at batch 128, resnet18, the GPT
+    python scripts/bench.py --cases gpt,gpt-amp   # the tiny GPT, float32 and amp=on
     python scripts/bench.py --repeats 7 amp=bf16  # extra overrides apply to both loops
     python scripts/bench.py --prefetch-repeats 0  # skip the prefetch comparison
 """
@@ -55,6 +56,10 @@ CASES = {  # name: (overrides, measured steps)
     "resnet18": (["model=resnet18", "batch_size=64"], 15),
     # per-step overhead laid bare: about half a millisecond of compute per step on a CPU
     "tiny": (["model=mlp", "batch_size=8", "model.hidden=64", "data.image_size=8"], 400),
+    # the tiny GPT of experiment=lm (4 layers, 128 wide, windows of 64 tokens), fused AdamW;
+    # with amp=on too, which takes bf16 where this CPU measures it fast (else float32)
+    "gpt": (["experiment=lm", "batch_size=16", "optimizer.fused=true"], 40),
+    "gpt-amp": (["experiment=lm", "batch_size=16", "optimizer.fused=true", "amp=on"], 40),
 }
 
 
@@ -148,8 +153,11 @@ def bench_case(name: str, overrides: list[str], steps: int, repeats: int) -> dic
             repeat + 1,
             ", ".join(f"{key} {values[-1]:.3f}" for key, values in ratios.items()),
         )
+    device = resolve_device(cfg.device)
     return {
         "case": name,
+        "amp": str(resolve_amp(cfg.amp.dtype, device).dtype or "off").removeprefix("torch."),
+        "tokens_per_sample": build_task(cfg.task).tokens_per_sample,
         "template": statistics.median(throughput["template"]),
         "hand": statistics.median(throughput["hand"]),
         **{key: statistics.median(values) for key, values in ratios.items()},
@@ -228,7 +236,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument(
-        "--cases", default="mlp,resnet18", help="comma-separated: " + ",".join(CASES)
+        "--cases", default="mlp,resnet18,gpt,gpt-amp", help="comma-separated: " + ",".join(CASES)
     )
     parser.add_argument(
         "--steps", type=int, default=None, help="measured steps (default: per case)"
@@ -251,21 +259,25 @@ def main() -> None:
     table = Table(
         title=f"template / hand-written loop, medians of {args.repeats} interleaved repeats"
     )
-    columns = ["case", "template samples/s", "hand samples/s", "ratio (steady state)", "range"]
+    columns = ["case", "amp", "template samples/s", "hand samples/s", "template tokens/s"]
+    columns += ["ratio (steady state)", "range"]
     columns += ["ratio (best step)", "ratio (median step)"]
     for column in columns:
         table.add_column(column, justify="right")
     for r in rows:
+        tokens = r["tokens_per_sample"]
         table.add_row(
             r["case"],
+            r["amp"],
             f"{r['template']:,.1f}",
             f"{r['hand']:,.1f}",
+            f"{r['template'] * tokens:,.0f}" if tokens else "-",
             f"{r[STEADY]:.3f}",
             f"{r['range'][0]:.3f}-{r['range'][1]:.3f}",
             f"{r['best step']:.3f}",
             f"{r['median step']:.3f}",
         )
-    Console(width=120).print(table)
+    Console(width=140).print(table)
     if args.prefetch_repeats > 0:
         result = bench_prefetch(args.overrides, args.steps or 60, args.prefetch_repeats)
         print_prefetch(result, args.prefetch_repeats)

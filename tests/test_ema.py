@@ -12,6 +12,7 @@ from torch.optim.optimizer import (
 )
 
 from gearshift.config import ConfigError, check_config
+from gearshift.engine.ema import EMA
 from gearshift.state.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
 
@@ -91,15 +92,30 @@ def test_a_resumed_average_equals_an_uninterrupted_one(tmp_path):
     assert resumed["best"] == whole["best"]  # the best-so-far tracker resumes too
 
 
-def test_the_average_adds_no_host_read_to_the_loop(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "cuda"]
+)
+def test_the_average_adds_no_host_read_to_the_loop(tmp_path, monkeypatch, device):
     cfg = make_cfg(
-        "model=mlp", "max_steps=20", "log_every_n_steps=10", "warmup_steps=5", "ema.decay=0.9"
-    )
-    reads = SyncCounter(monkeypatch)
-    fit(cfg, tmp_path)
-    # 3 loss reads at log steps; validation of the model and of the average; the finite
-    # check of best.pt and of the final checkpoint: the average's update adds none
-    assert reads.count == 3 + 2 + 2
+        f"device={device}", "model=mlp", "max_steps=20", "log_every_n_steps=10",
+        "warmup_steps=5", "ema.decay=0.9",
+    )  # fmt: skip
+    reads = SyncCounter(monkeypatch, cuda_only=device == "cuda")
+    during_updates = []
+
+    def update(ema, step, _update=EMA.update):
+        before = reads.count
+        _update(ema, step)
+        during_updates.append(reads.count - before)
+
+    monkeypatch.setattr(EMA, "update", update)
+    result = fit(cfg, tmp_path)
+    assert during_updates == [0] * 20  # every step's update, none reading the device
+    if device == "cpu":  # every read counts here
+        # 3 loss reads at log steps; validation of the model and of the average; the finite
+        # check of best.pt and of the final checkpoint
+        assert reads.count == 3 + 2 + 2
+    assert result.summary["ema"]["val_loss"] != result.summary["val_loss"]
 
 
 def test_the_average_is_refused_under_fsdp_in_one_line():

@@ -329,21 +329,48 @@ def test_a_damaged_jpeg_is_named_when_its_batch_decodes(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("override", "message"),
+    ("overrides", "message"),
     [
-        ("data.decode=maybe", "data.decode='maybe' is not allowed; choose one of: host, gpu"),
+        (("data.decode=maybe",), "data.decode='maybe' is not allowed; choose one of: host, gpu"),
         (
-            "data.decode=gpu",
+            ("data.decode=gpu",),
             "data.decode='gpu' is not allowed; it decodes JPEGs on a CUDA device and this run "
             "trains on the CPU; use data.decode=host",
         ),
+        (
+            ("data.decode=gpu", "device=auto", "data.stage_to=LOCAL", "data.stage_format=raw"),
+            "data.decode='gpu' is not allowed; data.stage_format=raw stores decoded pixels, "
+            "nothing is left to decode",
+        ),
     ],
 )
-def test_check_config_refuses_bad_decode_values(tmp_path, override, message):
-    write_jpegs(tmp_path, per_class=1)
-    cfg = jpeg_cfg(tmp_path, "host", override)
+def test_check_config_refuses_bad_decode_values(tmp_path, monkeypatch, overrides, message):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: "device=auto" in overrides)
+    write_jpegs(tmp_path / "images", per_class=1)
+    local = str(tmp_path / "local")
+    cfg = jpeg_cfg(tmp_path / "images", "host", *(o.replace("LOCAL", local) for o in overrides))
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_config(cfg)
+
+
+def test_the_device_decodes_a_resized_jpeg_copy_of_any_source(tmp_path):
+    """data.stage_format=jpeg: the copy is JPEG whatever the source (a PNG here), and the
+    device's batches match the host's reading the same copy."""
+    write_jpegs(tmp_path / "images", per_class=8)
+    Image.new("RGB", (40, 44), COLOURS[2]).save(tmp_path / "images" / "c2" / "extra.png")
+    staged = (f"data.stage_to={tmp_path / 'local'}", "data.stage_format=jpeg")
+    gpu_cfg = jpeg_cfg(tmp_path / "images", "gpu", *staged)
+    host_cfg = jpeg_cfg(tmp_path / "images", "host", *staged, "data.decoder=pil")
+    _, gpu_val = build_data(gpu_cfg, CPU)
+    _, host_val = build_data(host_cfg, CPU)
+    files = [path for path, _ in gpu_val.dataset.samples]
+    assert all(Path(f).is_relative_to(tmp_path / "local") and f.endswith(".jpg") for f in files)
+    for (h, hl), (d, dl) in zip(
+        model_inputs(host_cfg, host_val), model_inputs(gpu_cfg, gpu_val), strict=True
+    ):
+        assert d.shape == h.shape and d.dtype == h.dtype and torch.equal(dl, hl)
+        # the same small JPEGs, both through libjpeg-turbo here: equal up to the IDCT
+        assert (d - h).abs().mean() < 0.005 / 0.225  # normalised by ImageNet's std
 
 
 # ---------------------------------------------------------------- CUDA
@@ -354,9 +381,11 @@ CUDA = torch.device("cuda")
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_cuda_decoding_gives_the_host_batches_within_tolerance(tmp_path, layout):
-    """nvJPEG against the host path (PIL in the workers) and against decode_jpeg on the CPU:
-    mean absolute difference under 0.02 of the [0, 1] range per batch, per-channel means
-    within 0.02 (PIL's reduced-scale decode), and within 0.01 of the CPU decoder."""
+    """nvJPEG against the host path (the host's decoder in the workers) and against
+    decode_jpeg on the CPU, in what the model sees: equal shapes, dtypes, strides and labels;
+    mean absolute difference under 0.02 of the [0, 1] range per batch and per-channel means
+    within 0.02 of the host's (which may decode at a reduced DCT scale), and a mean
+    absolute difference under 0.01 from the CPU decoder (nvJPEG's own IDCT and upsampling)."""
     write_jpegs(tmp_path, per_class=8)
     extra = ("data.mean=null", "data.std=null", f"memory_format={layout}")
     host_cfg = jpeg_cfg(tmp_path, "host", *extra)

@@ -8,9 +8,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import make_cfg, task_of
+from helpers import CONF, make_cfg, task_of
 from torch import nn
 
+from gearshift.app import preflight
 from gearshift.data.tokens import entropy_rate, markov_chain
 from gearshift.engine.optim import build_optimizer
 from gearshift.engine.precision import Precision
@@ -269,3 +270,21 @@ def test_experiment_fast_composes_with_lm_and_its_advice_is_clean():
     # the other order keeps fast's channels_last, and the advisor says it does nothing here
     reverse = make_cfg("logger=none", "experiment=[lm,fast]", tiny=False)
     assert "channels-last-without-conv" in {f.id for f in advise(reverse, model, CUDA, None)}
+
+
+@pytest.mark.parametrize(
+    ("argv", "key"),
+    [(["model=gpt"], "model.vocab_size"), (["model=mlp", "task=lm"], "task.vocab_size")],
+)
+def test_the_gpt_or_lm_on_image_data_is_one_line_exit_2_before_any_run_folder(
+    tmp_path, monkeypatch, capsys, argv, key
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        preflight(CONF, argv=argv)
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: {key}='${{data.vocab_size}}' is not allowed; data.vocab_size does not exist "
+        "in this config (token data has it: data=synthetic_tokens or data=tokens)"
+    ]
+    assert list(tmp_path.iterdir()) == []

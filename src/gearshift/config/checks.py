@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import InterpolationKeyError
 
 
 class ConfigError(ValueError):
@@ -218,6 +219,13 @@ def _check_gpu_decode(cfg: DictConfig) -> None:
             "it decodes JPEGs on a CUDA device and this run trains on the CPU; "
             "use data.decode=host (the loader's workers decode)",
         )
+    if cfg.data.decode == "gpu" and cfg.data.stage_format == "raw":
+        _fail(
+            "data.decode",
+            "gpu",
+            "data.stage_format=raw stores decoded pixels, nothing is left to decode; "
+            "use data.decode=host, or data.stage_format=jpeg",
+        )
 
 
 def _check_normalisation(data: DictConfig) -> None:
@@ -375,6 +383,22 @@ def _check_resume(resume: str | None) -> None:
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
 
 
+def _check_resolves(cfg: DictConfig, group: str) -> None:
+    """A model or task that reads a key the data lacks (model=gpt on image data) fails here,
+    not with a traceback once the run folder exists."""
+    for key, value in OmegaConf.to_container(cfg[group], resolve=False).items():
+        try:
+            node = OmegaConf.select(cfg, f"{group}.{key}", throw_on_missing=False)
+            if isinstance(node, (DictConfig, ListConfig)):
+                OmegaConf.to_container(node, resolve=True)
+        except InterpolationKeyError as error:
+            missing = str(error).split("'")[1] if "'" in str(error) else str(error)
+            hint = ""
+            if missing in ("data.vocab_size", "data.block_size"):
+                hint = " (token data has it: data=synthetic_tokens or data=tokens)"
+            _fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed."""
     for key, what in (("model", "model class or function"), ("task", "task class")):
@@ -403,6 +427,8 @@ def check_config(cfg: DictConfig) -> None:
     _check_distributed(cfg)
     _check_dataloader(cfg)
     _check_data(cfg)
+    _check_resolves(cfg, "model")  # after the data's own checks: they name its files
+    _check_resolves(cfg, "task")
     _check_device_transforms(cfg)
     _check_optimizer(cfg)
     _check_device(cfg.device)

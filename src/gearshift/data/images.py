@@ -273,6 +273,10 @@ def image_reader(
 def _jpeg_files(
     data: SimpleNamespace, classes: list[str], train: list, val: list
 ) -> tuple[JpegFiles, JpegFiles | None]:
+    if data.stage_to and data.stage_format == "jpeg":  # the device decodes the resized copy
+        staged = stage_resized([path for path, _ in train + val], data, Path(data.stage_to))
+        train, val = ([(staged.file_of(path), label) for path, label in s] for s in (train, val))
+        log.info("data: reading the resized JPEG copy in %s", staged.folder)
     not_jpeg = find_non_jpegs([path for path, _ in train + val])
     if not_jpeg:
         more = f" ({len(not_jpeg)} non-JPEG files in all)" if len(not_jpeg) > 1 else ""

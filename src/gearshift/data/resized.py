@@ -121,6 +121,10 @@ class StagedImages:
             f"{self.decoder.name} ({self.decoder_reason})"
         )
 
+    def file_of(self, path: str) -> str:
+        """The staged JPEG of source file `path` (`stage_format=jpeg`; data.decode=gpu reads it)."""
+        return str(self.folder / _jpeg_name(self.slots[os.path.relpath(path, self.root)]))
+
     def __getstate__(self) -> dict:
         return {**self.__dict__, "raw": None}  # a memmap pickles as its whole contents
 
