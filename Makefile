@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all bench ablation report slurm-up slurm-down docker lint format clean
+.PHONY: help install train test test-all bench bench-data ablation report slurm-up slurm-down docker lint format clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ test-all: $(VENV)/.installed ## every test, the slow ones too
 
 bench: $(VENV)/.installed ## template loop vs a hand-written loop, interleaved; prints ratios
 	$(PY) scripts/bench.py $(ARGS)
+
+bench-data: $(VENV)/.installed ## image loaders vs the torchvision recipe on generated JPEGs, interleaved (ARGS="--workers 4")
+	$(PY) scripts/bench_data.py $(ARGS)
 
 ablation: $(VENV)/.installed ## baseline, each gear alone, all gears: one sweep, then its report (DIR=, ARGS=)
 	@dir="$(or $(DIR),multirun/ablation_$$(date +%Y-%m-%d_%H-%M-%S))"; \

@@ -9,8 +9,9 @@
 #      with and without prefetch_to_device, and batch_size=auto), the report table
 #      (scripts/report.py), and each run's MFU and advisor findings;
 #   4. real JPEGs: resnet50 experiment=fast on a generated folder of 400x400 JPEGs at 224,
-#      decoded by the loader's workers (data.decode=host) and on the GPU (data.decode=gpu),
-#      against the on-device synthetic run of step 3: img/s and data wait.
+#      decoded by the loader's workers (data.decode=host), on the GPU (data.decode=gpu), and
+#      on the GPU from the resized JPEG copy (data.stage_format=jpeg), against the on-device
+#      synthetic run of step 3: img/s and data wait.
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -84,7 +85,8 @@ PY
 echo "== real JPEGs: experiment=fast, decoded in the workers vs on the GPU"
 JPEGS="${OUT}_jpegs"
 "$PY" - "$JPEGS" <<'PY'
-# 1,024 JPEGs of 400x400 in 10 classes (ImageNet's typical size), once
+# 4,096 JPEGs of 400x400 in 10 classes (ImageNet's typical size), once; 28 batches an
+# epoch at batch 128, so the epoch boundaries (the loader's refill) weigh as in a real run
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -101,27 +103,32 @@ def write(i):
 for k in range(10):
     (root / f"c{k}").mkdir(parents=True, exist_ok=True)
 with ProcessPoolExecutor() as pool:
-    list(pool.map(write, range(1024), chunksize=32))
+    list(pool.map(write, range(4096), chunksize=64))
 PY
 JPEG_RUNS="${OUT}_jpeg"
-rm -rf "$JPEG_RUNS"
+rm -rf "$JPEG_RUNS" "$JPEG_RUNS.stage"
 OUT=$JPEG_RUNS
-JPEG_DATA="data=imagefolder data.path=$JPEGS data.num_classes=10"
+JPEG_DATA="data=imagefolder data.path=$JPEGS data.num_classes=10 data.num_samples=null \
+max_steps=60"
 # shellcheck disable=SC2086  # a list of overrides
 run host_decode experiment=fast $JPEG_DATA data.decode=host
 # shellcheck disable=SC2086
 run gpu_decode experiment=fast $JPEG_DATA data.decode=gpu
-"$PY" - "${JPEG_RUNS%_jpeg}/all" "$JPEG_RUNS/host_decode" "$JPEG_RUNS/gpu_decode" <<'PY'
+# shellcheck disable=SC2086  # the GPU decodes the resized JPEG copy (~258 px) instead
+run gpu_decode_staged experiment=fast $JPEG_DATA data.decode=gpu \
+  "data.stage_to=$JPEG_RUNS.stage" data.stage_format=jpeg
+"$PY" - "${JPEG_RUNS%_jpeg}/all" "$JPEG_RUNS/host_decode" "$JPEG_RUNS/gpu_decode" \
+  "$JPEG_RUNS/gpu_decode_staged" <<'PY'
 import json, sys
 from pathlib import Path
 rows = {Path(p).name: Path(p) / "summary.json" for p in sys.argv[1:]}
 base = json.loads(rows["all"].read_text())["samples_per_sec"] if rows["all"].is_file() else None
 for name, path in rows.items():
     if not path.is_file():
-        print(f"{name:<12} failed (no summary.json)")
+        print(f"{name:<18} failed (no summary.json)")
         continue
     s = json.loads(path.read_text())
     ratio = f"{s['samples_per_sec'] / base:.2f}x synthetic" if base else ""
-    print(f"{name:<12} {s['samples_per_sec']:8.0f} img/s  data wait {s['data_wait_pct']:5.1f}%  "
+    print(f"{name:<18} {s['samples_per_sec']:8.0f} img/s  data wait {s['data_wait_pct']:5.1f}%  "
           f"workers {s['gears']['num_workers']}  {ratio}")
 PY

@@ -7,11 +7,12 @@ import os
 import re
 import signal
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from helpers import ForwardRecorder, make_cfg, run_train
+from helpers import ROOT, ForwardRecorder, make_cfg, run_train
 from PIL import Image
 from test_checkpoint import SignalAtStep, assert_same_parameters
 from test_datasets import CPU, folder_cfg, run_dir, write_cifar
@@ -120,9 +121,8 @@ def test_device_augmentation_draws_what_the_host_draws(tmp_path):
         assert count.min() > 55 and count.max() < 145, count
     assert abs(counts[0][9:].sum() - counts[1][9:].sum()) < 150  # flips: ~900 each
     still = transforms(image.expand(4, -1, -1, -1), train=False)  # validation: no augmentation
-    assert torch.equal(
-        still, ((image.float() / 255 - mean) / std.view(3, 1, 1)).expand(4, -1, -1, -1)
-    )
+    expected = (image.float() / 255 - mean) / std.view(3, 1, 1)
+    assert torch.allclose(still, expected.expand(4, -1, -1, -1), atol=1e-5)
 
 
 def test_training_on_uint8_batches_feeds_the_model_normalised_channels_last_floats(tmp_path):
@@ -338,3 +338,28 @@ def test_unreadable_image_keeps_one_line_when_rebuilt_from_a_worker_traceback():
         "gearshift.data.decode.UnreadableImage: cannot decode image /d/a.jpg: truncated\n"
     )
     assert str(UnreadableImage(worker)) == "cannot decode image /d/a.jpg: truncated"
+
+
+# ---------------------------------------------------------------- make bench-data
+
+
+def test_every_bench_data_row_ends_with_the_recipes_kind_of_batch(tmp_path, monkeypatch):
+    """scripts/bench_data.py compares like with like: each loader's batches end up normalised
+    float32 images of the same size, close to what the torchvision recipe makes."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_data
+
+    bench_data.write_folder(tmp_path / "images", 12, 3, (60, 60))
+    args = SimpleNamespace(classes=3, size=32, batch=4, workers=0)
+    rows = bench_data.configurations(tmp_path / "images", tmp_path / "stage", args, CPU)
+    assert "torchvision recipe" in rows and "uint8, staged raw" in rows
+    reference = None
+    for name, build in rows.items():
+        batches, place = build()
+        images = place(next(iter(batches)))
+        assert images.dtype == torch.float32 and images.shape == (4, 3, 32, 32), name
+        assert images.min() > -2.2 and images.max() < 2.7, name  # ImageNet-normalised
+        if reference is None:
+            reference = images.mean().item()
+        assert abs(images.mean().item() - reference) < 0.35, name  # other images, same kind
+        assert bench_data.one_epoch(batches, place, CPU, 0) > 0

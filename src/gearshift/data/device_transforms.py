@@ -35,14 +35,30 @@ class Stage:
     def active(self) -> bool:
         return bool(self.normalize or self.hflip or self.padding)
 
+    @staticmethod
+    def identity(device: torch.device) -> Stage:
+        return Stage(_Fields({}), device)
+
     def __call__(self, images: torch.Tensor, train: bool, generator: torch.Generator):
+        images = self.augment(images, train, generator)
+        if self.normalize:
+            images = (images - self.mean) / self.std
+        return images
+
+    def augment(self, images: torch.Tensor, train: bool, generator: torch.Generator):
         if train and self.padding:
             images = random_crop(images, self.padding, generator)
         if train and self.hflip:
             images = random_hflip(images, generator)
-        if self.normalize:
-            images = (images - self.mean) / self.std
         return images
+
+    def to_float(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 -> float32 in [0, 1], normalised: one new tensor, changed in place (a fresh
+        tensor per step costs more than the arithmetic on a CPU)."""
+        images = images.float()
+        if not self.normalize:
+            return images.mul_(1 / 255)
+        return images.mul_(1 / (255 * self.std)).sub_(self.mean / self.std)
 
 
 class DeviceTransforms:
@@ -82,14 +98,17 @@ class DeviceTransforms:
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             return images  # not a batch of images: nothing here applies
-        if images.dtype == torch.uint8:
-            images = images.float().div_(255)
-        elif not self.active:
+        if images.dtype != torch.uint8 and not self.active:
             return images
         if train:  # cheap on any device: seeding queues no work and reads nothing back
             self.generator.manual_seed(self.seed * _BATCH_SEED_STRIDE + self.batches)
             self.batches += 1
-        for stage in self.stages:
+        stages = self.stages
+        if images.dtype == torch.uint8:  # the first stage crops and flips the bytes, then
+            first = stages[0] if stages else Stage.identity(images.device)  # scales them
+            images = first.to_float(first.augment(images, train, self.generator))
+            stages = stages[1:]
+        for stage in stages:
             images = stage(images, train, self.generator)
         return images.contiguous(memory_format=self.memory_format)
 
