@@ -171,9 +171,11 @@ def test_the_analytical_count_agrees_with_the_counted_one(preset, block, attenti
 def test_mfu_uses_the_analytical_count_for_the_gpt_and_the_counted_one_else():
     cfg = lm_cfg()
     model = build_model(cfg.model, CPU, torch.contiguous_format)
+    state = torch.random.get_rng_state()
     mfu = MFU.measure(
         model, task_of(cfg), "highest", CPU, Precision(None, CPU), torch.contiguous_format
     )
+    assert torch.equal(torch.random.get_rng_state(), state)  # the run's random stream stays
     summary = mfu.summary(100.0)
     assert summary["flops_source"].startswith("analytic")
     assert summary["flops_per_sample"] == summary["flops_per_sample_analytic"]

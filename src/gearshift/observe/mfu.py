@@ -144,9 +144,9 @@ def cpu_matmul_peak(dtype: torch.dtype, matmul_precision: str, threads: int) -> 
     n doubles from 256 to 2048 while the next size would take under a second, so a dtype
     the CPU has no fast kernels for (float16 on most) is measured in about a second too.
     """
-    n = 256
+    n, g = 256, torch.Generator().manual_seed(0)  # its own stream: the run's stays untouched
     while True:
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
         torch.mm(a, b)  # warm up: kernels and caches
         best = _time_matmul(a, b)
         if n >= 2048 or best * 8 > 1.0:
@@ -227,7 +227,10 @@ def analytic_flops_per_sample(model: nn.Module, task: Task, device: torch.device
     flops_per_token = getattr(model, "flops_per_token", None)
     if not callable(flops_per_token):
         return None
-    tokens = task.example_batch(1, device)[0].shape[-1]
+    tokens = task.tokens_per_sample
+    if tokens is None:  # a task that does not say: the length of its example sequences
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            tokens = task.example_batch(1, device)[0].shape[-1]
     return flops_per_token(tokens) * tokens
 
 
