@@ -158,6 +158,7 @@ def configurations(
     rows["uint8, staged raw"] = ours(*staged, "data.stage_format=raw")
     if device.type == "cuda":
         rows["decode=gpu (nvJPEG)"] = ours("data.decode=gpu")
+        rows["decode=gpu, staged jpeg"] = ours(*staged, "data.stage_format=jpeg", "data.decode=gpu")
     return rows
 
 

@@ -54,17 +54,18 @@ class Recorded:
         self.handle.remove()
 
 
-def hand_step(cfg, trained: torch.nn.Module, before, batch, dtype, max_norm):
-    """The one step worked out by hand: the true (unscaled) gradient of the batch at the
-    parameters before the step, its total norm, and SGD's update with it clipped."""
+def hand_step(cfg, trained: torch.nn.Module, before, batches, dtype, max_norm):
+    """The one step worked out by hand: the true (unscaled) gradient of the window's mean
+    loss at the parameters before the step, its total norm, and SGD's update with it
+    clipped."""
     model = copy.deepcopy(trained)
     with torch.no_grad():
         for p, p0 in zip(model.parameters(), before, strict=True):
             p.copy_(p0)
-    inputs, targets = batch
-    with torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None):
-        loss = task_of(cfg).loss(model, inputs, targets)
-    loss.backward()
+    for inputs, targets in batches:
+        with torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None):
+            loss = task_of(cfg).loss(model, inputs, targets)
+        (loss / len(batches)).backward()
     grads = [p.grad for p in model.parameters()]
     norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))
     coef = min(1.0, max_norm / (norm + 1e-6)) if max_norm is not None else 1.0
@@ -79,6 +80,7 @@ FP16 = ("amp=fp16", torch.float16)
     [
         (("amp=off",), None, None),
         (("amp=off",), None, 0.05),
+        (("amp=off", "accum=2"), None, 0.05),  # clipped once, the window's summed gradient
         (FP16[:1], FP16[1], 0.05),
         # the fused step takes the GradScaler's scale itself, unless unscale_ came first
         ((FP16[0], "optimizer.fused=true"), FP16[1], 0.05),
@@ -86,7 +88,14 @@ FP16 = ("amp=fp16", torch.float16)
             ("device=cuda", FP16[0], "optimizer.fused=true"), FP16[1], 0.05, marks=pytest.mark.gpu
         ),
     ],
-    ids=["fp32", "fp32-clipped", "fp16-clipped", "fp16-fused-clipped", "cuda-fp16-fused-clipped"],
+    ids=[
+        "fp32",
+        "fp32-clipped",
+        "fp32-accum2-clipped",
+        "fp16-clipped",
+        "fp16-fused-clipped",
+        "cuda-fp16-fused-clipped",
+    ],
 )
 def test_one_step_is_the_hand_computed_clipped_update(
     tmp_path, monkeypatch, gears, dtype, max_norm
@@ -100,8 +109,9 @@ def test_one_step_is_the_hand_computed_clipped_update(
         seen.remove()
     assert len(seen.params) == 1  # one step, taken (under fp16: not skipped)
     before = [seen.params[0][p] for p in result.model.parameters()]
-    # the last loss is the step's (the FLOP count before training computes one on a dummy batch)
-    norm, expected = hand_step(cfg, result.model, before, seen.batches[-1], dtype, max_norm)
+    # the last losses are the window's (the FLOP count computes one before, on a dummy batch)
+    window = seen.batches[-cfg.accum :]
+    norm, expected = hand_step(cfg, result.model, before, window, dtype, max_norm)
     if max_norm is not None:
         assert norm > 10 * max_norm  # the threshold binds: the update is really scaled down
     # The logged norm is the true gradient's: under fp16 a norm of the still-scaled gradients

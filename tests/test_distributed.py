@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_recorded, train_sharded
 from helpers import CONF, ROOT, make_cfg, only_summary, run_train, seconds
 
+import gearshift.trainer
 from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
 from gearshift.state.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
@@ -122,9 +123,18 @@ GPT_CLIPPED = [
 
 @pytest.fixture(scope="module")
 def gpt_one_process(tmp_path_factory):
-    """One process, batch 16: the parameters and logged gradient norms 2 ranks must reach."""
+    """One process, batch 16: the parameters and logged gradient norms 2 ranks must reach.
+    Run here (a spawned process costs seconds), undoing what the worker sets for a rank."""
     run_dir = tmp_path_factory.mktemp("gpt_one_process")
-    train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as patch:  # the worker's recording Trainer.log too
+        patch.setattr(gearshift.trainer.Trainer, "log", gearshift.trainer.Trainer.log)
+        try:  # in this process: the rank's RANK=0, WORLD_SIZE=1 and one thread must not outlive it
+            train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
+        finally:  # (a later train.py run would inherit RANK and skip nproc_per_node's launcher)
+            os.environ.clear()
+            os.environ.update(environ)
+            torch.set_num_threads(threads)
     return torch.load(run_dir / "rank0.pt", weights_only=False)
 
 

@@ -107,13 +107,13 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
     """Validate the checkpoint at `path` under its config and `overrides`; eval.json's dict."""
     checkpoint = load_checkpoint(path)
     cfg = evaluation_config(checkpoint["config"], overrides, config_dir)
-    check_config(cfg)
     trained_for, now = checkpoint["config"]["task"]["_target_"], cfg.task._target_
-    if trained_for != now:
+    if trained_for != now:  # before the checks: another task's keys need not fit this data
         raise CheckpointError(
             f"resume={str(path)!r}: the checkpoint was trained for another task "
             f"({trained_for}), not {now}"
         )
+    check_config(cfg)
     device = resolve_device(cfg.device)
     trainer = locate("trainer", cfg.trainer)(cfg, output_path(path).parent, None, Ranks(), "none", device)  # fmt: skip
     if trainer.val_batches is None:

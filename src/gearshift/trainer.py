@@ -200,6 +200,8 @@ class Trainer:
         self.checkpoints = run_dir / "checkpoints"
         self.sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
         self.best = build_tracker(self.task, cfg.early_stop)  # best.pt, early stopping
+        if cfg.early_stop.patience is not None and self.val_batches is None and ranks.is_zero:
+            log.warning("early_stop.patience: no validation data to judge by; it stays off")
         self.saved_step = self.validated_step = None  # the end saves and validates once
         self.position = self.resume()
         self.transforms.start_at(self.position.epoch * self.batches_per_epoch + self.position.batch)

@@ -30,7 +30,6 @@ import os
 import queue
 import re
 import threading
-import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -161,17 +160,17 @@ def decode_batch(batch: JpegBatch, channels: int, device: torch.device) -> list[
     A batch that fails is decoded image by image to name the damaged file.
     """
     encoded, mode = batch.images(), READ_MODES[channels]
-    with warnings.catch_warnings():  # the module's deprecation notice, once per call
-        warnings.simplefilter("ignore", DeprecationWarning)
+    # No warnings.catch_warnings around torchvision's deprecation notice: it runs in the
+    # decoding thread and is not thread-safe. A DeprecationWarning is hidden by default.
+    try:
+        return decode_jpeg(encoded, mode=mode, device=device)
+    except RuntimeError as error:
+        batch_error = error
+    for data, path in zip(encoded, batch.paths, strict=True):
         try:
-            return decode_jpeg(encoded, mode=mode, device=device)
+            decode_jpeg(data, mode=mode, device=device)
         except RuntimeError as error:
-            batch_error = error
-        for data, path in zip(encoded, batch.paths, strict=True):
-            try:
-                decode_jpeg(data, mode=mode, device=device)
-            except RuntimeError as error:
-                raise DamagedJpeg(path, _reason(error)) from None
+            raise DamagedJpeg(path, _reason(error)) from None
     raise DamagedJpeg(", ".join(batch.paths), _reason(batch_error))  # no image fails alone
 
 
