@@ -343,6 +343,7 @@ def test_unreadable_image_keeps_one_line_when_rebuilt_from_a_worker_traceback():
 # ---------------------------------------------------------------- make bench-data
 
 
+@pytest.mark.slow  # 10 s: builds every row, staging included
 def test_every_bench_data_row_ends_with_the_recipes_kind_of_batch(tmp_path, monkeypatch):
     """scripts/bench_data.py compares like with like: each loader's batches end up normalised
     float32 images of the same size, close to what the torchvision recipe makes."""
