@@ -6,8 +6,10 @@ the fix. `fit` logs each one once as a warning at start-up and lists them in sum
 under `advice`; `python -m gearshift.advise [overrides...]` prints them for a config
 without training.
 
-Rules that only cost time on a GPU (layer widths under mixed precision, the host data
-loader, cuDNN autotuning) fire only when the device is CUDA. Not a rule: gradient
+Rules that only cost time on a GPU (layer widths under mixed precision, a transformer's
+vocabulary and hidden size, the host data loader, cuDNN autotuning) fire only when the
+device is CUDA. One rule runs the model: attention by hand is found in one forward pass
+of the task's example batch (models with an embedding or an attention module only). Not a rule: gradient
 accumulation under DDP without `no_sync` — the loop always uses `no_sync`, and no config
 key turns it off, so there is nothing to warn about.
 """
