@@ -8,7 +8,9 @@ all on the same generated folder of JPEGs (about 400x400, like ImageNet's), at t
 image size, batch size and number of workers. A configuration's time is one epoch of
 loading with no model: the loader's batches, copied to the device (CPU: none) and made
 into normalised float32 images there (`device_transforms`: what the trainer does with
-uint8 batches), so every row ends with the same kind of batch. Repeats are interleaved
+uint8 batches), so every row ends with the same kind of batch. `--host-only` times the
+loader's batches as they come (the host's share of a GPU run, where the device finishes
+uint8 batches; on a CPU that share is all there is to parallelise over workers). Repeats are interleaved
 (recipe, a, b, ..., recipe, a, b, ...), so a shared machine's slow stretches hit every row
 alike; the table shows medians, img/s per worker core, the ratio of the medians to the
 recipe's and the median of each round's ratio to the recipe's epoch of that round.
@@ -18,6 +20,7 @@ JPEGs of several source sizes: the figures behind `data.decoder=auto`'s rule.
 
     python scripts/bench_data.py                        # 1000 JPEGs, 2 workers, 3 repeats
     python scripts/bench_data.py --images 1500 --repeats 5 --workers 4
+    python scripts/bench_data.py --host-only --no-decoders  # the loaders alone
     python scripts/bench_data.py --folder /data/imagenet/val --classes 1000
 """
 
@@ -113,6 +116,10 @@ def one_epoch(batches: Iterable, place: Callable, device: torch.device, epoch: i
     return count / (time.perf_counter() - start)
 
 
+def _inputs(batch):
+    return batch[0]
+
+
 def configurations(
     folder: Path, stage: Path, args: argparse.Namespace, device: torch.device
 ) -> dict[str, Callable[[], tuple[Iterable, Callable]]]:
@@ -184,6 +191,12 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--only", nargs="*", help="rows to run (default: all)")
     parser.add_argument("--no-decoders", action="store_true", help="skip the decoder table")
+    parser.add_argument(
+        "--host-only",
+        action="store_true",
+        help="time the batches as the loader yields them (uint8 rows: not yet made floats, "
+        "as on a GPU machine, where the device does that); default on CUDA rows: never",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     console, device = Console(), torch.device(args.device)
@@ -213,11 +226,14 @@ def main() -> None:
         speeds: dict[str, list[float]] = {name: [] for name in rows}
         for repeat in range(args.repeats):
             for name, (batches, place) in built.items():
+                if args.host_only and device.type == "cpu":
+                    place = _inputs
                 speeds[name].append(one_epoch(batches, place, device, repeat))
     cores = max(1, args.workers)
+    what = "the loader's batches" if args.host_only else f"normalised floats on {device}"
     table = Table(
         title=f"{args.images} JPEGs at {args.size} px, batch {args.batch}, {args.workers} workers, "
-        f"{device}, median of {args.repeats} interleaved epochs ({len(os.sched_getaffinity(0))} CPUs)"
+        f"{what}, median of {args.repeats} interleaved epochs ({len(os.sched_getaffinity(0))} CPUs)"
     )
     columns = (
         "loader",

@@ -11,7 +11,10 @@
 #   4. real JPEGs: resnet50 experiment=fast on a generated folder of 400x400 JPEGs at 224,
 #      decoded by the loader's workers (data.decode=host), on the GPU (data.decode=gpu), and
 #      on the GPU from the resized JPEG copy (data.stage_format=jpeg), against the on-device
-#      synthetic run of step 3: img/s and data wait.
+#      synthetic run of step 3: img/s and data wait;
+#   5. make bench-data's loaders (workers, resized copies, data.decode=gpu) against the
+#      torchvision recipe, with 4 workers, ending in normalised floats on the GPU
+#      (GPU_CHECK_BENCH_DATA=0 skips it).
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -132,3 +135,8 @@ for name, path in rows.items():
     print(f"{name:<18} {s['samples_per_sec']:8.0f} img/s  data wait {s['data_wait_pct']:5.1f}%  "
           f"workers {s['gears']['num_workers']}  {ratio}")
 PY
+
+if [ "${GPU_CHECK_BENCH_DATA:-1}" = 1 ]; then
+  echo "== image loaders vs the torchvision recipe (make bench-data), on the GPU"
+  "$PY" scripts/bench_data.py --images 1024 --workers 4 --repeats 3 --no-decoders
+fi

@@ -159,8 +159,9 @@ def test_every_decoder_gives_the_pixels_pil_gives(tmp_path, size):
         # for the larger image) is another low-pass filter than an antialiased resize
         assert (image.float() - reference).abs().mean() < (3 if size[0] < 64 else 8), name
         assert (image.float() - reference.flip(2)).abs().mean() > 10  # the bound means something
-    gray = ImageDecoder("torchvision", 1, 16)(str(tmp_path / "a.jpg"))
-    assert gray.shape == (1, 16, 16)
+    for name in [n for n in JPEG_DECODERS if installed(n)]:
+        gray = ImageDecoder(name, 1, 16)(str(tmp_path / "a.jpg"))
+        assert gray.shape == (1, 16, 16), name
 
 
 def test_auto_takes_the_decoder_measured_fastest_for_the_source_size(tmp_path, monkeypatch):
@@ -293,8 +294,9 @@ def _damage_one(images: Path) -> Path:
 @pytest.mark.parametrize(
     "reading",
     [("data.decoder=simplejpeg" if installed("simplejpeg") else "data.decoder=torchvision",),
-     ("data.batch_dtype=float32", "dataloader.num_workers=2")],
-    ids=["uint8", "float32-workers"],
+     ("data.batch_dtype=float32", "dataloader.num_workers=2"),
+     ("data.decode=gpu",)],  # decode_jpeg decodes on the CPU too (gpu_decode.py)
+    ids=["uint8", "float32-workers", "decode-gpu"],
 )  # fmt: skip
 def test_a_damaged_file_found_mid_epoch_is_named_after_a_checkpoint(tmp_path, reading):
     write_photos(tmp_path / "images", per_class=8)
@@ -343,6 +345,7 @@ def test_unreadable_image_keeps_one_line_when_rebuilt_from_a_worker_traceback():
 # ---------------------------------------------------------------- make bench-data
 
 
+@pytest.mark.slow  # 10 s: builds every row, staging included
 def test_every_bench_data_row_ends_with_the_recipes_kind_of_batch(tmp_path, monkeypatch):
     """scripts/bench_data.py compares like with like: each loader's batches end up normalised
     float32 images of the same size, close to what the torchvision recipe makes."""

@@ -191,12 +191,6 @@ def _check_decoding(data: DictConfig) -> None:
             "simplejpeg is not installed; pip install 'gearshift[jpeg]' or choose auto",
         )
     _check_choice(data, "stage_format", STAGE_FORMATS, "data.")
-    if data.stage_format != "copy" and data.decode == "gpu":
-        _fail(
-            "data.stage_format",
-            data.stage_format,
-            "data.decode=gpu reads the source JPEGs; use stage_format=copy with it",
-        )
     if data.stage_format != "copy" and not data.stage_to:
         _fail(
             "data.stage_format",

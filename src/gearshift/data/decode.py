@@ -158,10 +158,10 @@ def choose_decoder(
     """
     if choice != "auto":
         return ImageDecoder(choice, channels, size), f"data.decoder={choice}"
-    files = [(path, _read(path)) for path in _jpeg_sample(paths)]
-    if not files:
+    sample = _jpeg_sample(paths)
+    if not sample:
         return ImageDecoder("pil", channels, size), "auto: no JPEG files, PIL decodes them all"
-    height, width = _jpeg_sample_shape(files)
+    height, width = _jpeg_sample_shape(sample)
     if installed("simplejpeg"):
         name = "simplejpeg"
     else:
@@ -217,11 +217,16 @@ def _jpeg_sample(paths: Sequence[str]) -> list[str]:
     return found
 
 
-def _jpeg_sample_shape(files: list[tuple[str, bytes]]) -> tuple[int, int]:
-    """The median height and width of the sampled JPEGs (from their headers)."""
+def _jpeg_sample_shape(paths: list[str]) -> tuple[int, int]:
+    """The median height and width of the sampled JPEGs (their headers only)."""
     shapes = []
-    for _, data in files:
-        with Image.open(io.BytesIO(data)) as image:
-            shapes.append(image.size[::-1])
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                shapes.append(image.size[::-1])
+        except (OSError, ValueError):  # damaged (data.check_images=off): the loader names it
+            continue
+    if not shapes:
+        return 0, 0
     heights, widths = zip(*shapes, strict=True)
     return int(np.median(heights)), int(np.median(widths))

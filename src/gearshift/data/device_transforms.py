@@ -30,6 +30,7 @@ class Stage:
         self.normalize, self.hflip, self.padding = cfg.normalize, cfg.hflip, cfg.crop_padding
         self.mean = torch.tensor(list(cfg.mean), device=device).view(1, -1, 1, 1)
         self.std = torch.tensor(list(cfg.std), device=device).view(1, -1, 1, 1)
+        self.byte_scale, self.byte_shift = 1 / (255 * self.std), self.mean / self.std
 
     @property
     def active(self) -> bool:
@@ -58,7 +59,7 @@ class Stage:
         images = images.float()
         if not self.normalize:
             return images.mul_(1 / 255)
-        return images.mul_(1 / (255 * self.std)).sub_(self.mean / self.std)
+        return images.mul_(self.byte_scale).sub_(self.byte_shift)
 
 
 class DeviceTransforms:
@@ -73,6 +74,7 @@ class DeviceTransforms:
         """`cfg`: the device_transforms group; `source`: the source's own stage (same keys)."""
         stages = [Stage(_Fields(source), device)] if source else []
         self.stages = [s for s in (*stages, Stage(cfg, device)) if s.active]
+        self.scale_bytes = Stage.identity(device)  # uint8 with no stage: only to [0, 1]
         self.memory_format, self.seed = memory_format, seed
         self.generator = torch.Generator(device=device)
         self.batches = 0  # training batches transformed so far
@@ -105,7 +107,7 @@ class DeviceTransforms:
             self.batches += 1
         stages = self.stages
         if images.dtype == torch.uint8:  # the first stage crops and flips the bytes, then
-            first = stages[0] if stages else Stage.identity(images.device)  # scales them
+            first = stages[0] if stages else self.scale_bytes  # scales them
             images = first.to_float(first.augment(images, train, self.generator))
             stages = stages[1:]
         for stage in stages:
