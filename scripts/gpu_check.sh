@@ -14,7 +14,10 @@
 #      synthetic run of step 3: img/s and data wait;
 #   5. make bench-data's loaders (workers, resized copies, data.decode=gpu) against the
 #      torchvision recipe, with 4 workers, ending in normalised floats on the GPU
-#      (GPU_CHECK_BENCH_DATA=0 skips it).
+#      (GPU_CHECK_BENCH_DATA=0 skips it);
+#   6. GPT-2 124M (model=gpt2, GPT-2's 50257-token head, windows of 1024 synthetic tokens):
+#      every gear off (experiment=lm) against experiment=[fast,lm] with compile=on (bf16,
+#      fused AdamW): tokens/s, MFU and which FLOP count it uses.
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -140,3 +143,29 @@ if [ "${GPU_CHECK_BENCH_DATA:-1}" = 1 ]; then
   echo "== image loaders vs the torchvision recipe (make bench-data), on the GPU"
   "$PY" scripts/bench_data.py --images 1024 --workers 4 --repeats 3 --no-decoders
 fi
+
+echo "== GPT-2 124M: every gear off vs experiment=[fast,lm] compile=on"
+OUT="${JPEG_RUNS%_jpeg}_gpt2"
+rm -rf "$OUT"
+# model.vocab_size: GPT-2's head (50304 rows once padded); the synthetic tokens use 64 ids
+COMMON="model=gpt2 model.vocab_size=50257 data.num_samples=1024 data.num_val_samples=0 \
+batch_size=32 max_steps=40 warmup_steps=15 log_every_n_steps=10 logger=none \
+progress_bar=false device=cuda"
+run gears_off experiment=lm
+run fast_compiled "experiment=[fast,lm]" compile=on
+"$PY" - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+for name in ("gears_off", "fast_compiled"):
+    path = Path(sys.argv[1]) / name / "summary.json"
+    if not path.is_file():
+        print(f"{name:<14} failed (no summary.json)")
+        continue
+    s, g = json.loads(path.read_text()), json.loads(path.read_text())["gears"]
+    mfu = f"{s['mfu']:.3f}" if s.get("mfu") is not None else "n/a"
+    print(f"{name:<14} {s['tokens_per_sec']:10.0f} tokens/s  mfu {mfu}  "
+          f"peak {s['peak_memory_bytes'] / 2**30:5.1f} GiB  amp {g['amp']}  "
+          f"compile {g['compile']}  fused {g['fused']}")
+    print(f"{'':<14} flops: {s['flops_source']} ({s['flops_per_sample']:.3g} per sample; "
+          f"counted {s['flops_per_sample_counted']:.3g})")
+PY
