@@ -57,6 +57,15 @@ def count_allreduces(rank: int, world_size: int, port: int, out: str, overrides:
         },
         Path(out) / f"rank{rank}.pt",
     )
+    del result
+    free_before_teardown()
+
+
+def free_before_teardown() -> None:
+    """Free what training left (the model, optimizer and the reference cycles that hold
+    them) here, not in the interpreter's teardown: there, after the process group is gone,
+    gloo aborted now and then ("terminate called without an active exception", SIGABRT)."""
+    gc.collect()
 
 
 def train_sharded(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:
@@ -71,11 +80,8 @@ def train_sharded(rank: int, world_size: int, port: int, out: str, overrides: li
         {"shards": shards, "summary": result.summary, "optimizer_steps": len(steps)},
         Path(out) / f"rank{rank}.pt",
     )
-    # Free the sharded model and optimizer state here, not in the interpreter's teardown
-    # (there, after the process group is gone, gloo aborted now and then once
-    # torch.distributed.checkpoint had touched them).
     del result
-    gc.collect()
+    free_before_teardown()  # torch.distributed.checkpoint touched these: more so here
 
 
 def train_recorded(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:
@@ -100,8 +106,8 @@ def train_recorded(rank: int, world_size: int, port: int, out: str, overrides: l
         {"params": params, "logged": logged, "units": units, "summary": result.summary},
         Path(out) / f"rank{rank}.pt",
     )
-    del result  # as in train_sharded: freed while the interpreter is whole
-    gc.collect()
+    del result
+    free_before_teardown()
 
 
 def fit_quietly(cfg, run_dir: Path):

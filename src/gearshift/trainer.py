@@ -12,6 +12,7 @@ else stays asynchronous.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -107,6 +108,10 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
         trainer_class = locate("trainer", cfg.trainer)
         return trainer_class(cfg, run_dir, run_name, ranks, strategy, device).fit()
     finally:
+        # The trainer is unreachable now, but in reference cycles: free its wrapped model (DDP's
+        # reducer, FSDP's state) while the process group lives, not in the interpreter's
+        # teardown, where gloo aborted now and then (SIGABRT after a finished run).
+        gc.collect()
         destroy_process_group()
 
 
