@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import gearshift.trainer
 from gearshift.app import objective
 from gearshift.state.best import BestTracker
 from gearshift.state.checkpoint import load_checkpoint
@@ -83,6 +84,29 @@ def test_best_pt_holds_the_step_of_the_best_validation(tmp_path):
     }
     assert summary["val_accuracy"] == 0.4 and summary["stop_reason"] == "completed"
     assert objective(summary) == 0.9  # what a sweep optimises: the best, not the last
+
+
+def test_a_checkpoint_at_a_best_validation_reuses_best_pt(tmp_path, monkeypatch):
+    gathered = []
+    full_state = gearshift.trainer.full_state
+    monkeypatch.setattr(
+        gearshift.trainer, "full_state", lambda *args: gathered.append(1) or full_state(*args)
+    )
+    cfg = make_cfg(
+        *scripted(0.3, 0.7, 0.5, 0.9, 0.4),
+        "max_steps=10",
+        "val_every_n_steps=2",
+        "checkpoint.every_n_steps=2",
+        "checkpoint.keep=5",
+    )
+    fit(cfg, tmp_path)
+    # steps 2, 4, 6, 8 and 10 each gathered once, though 2, 4 and 8 also wrote best.pt
+    assert len(gathered) == 5
+    folder = tmp_path / "checkpoints"
+    best = (folder / "best.pt").read_bytes()
+    assert (folder / "step_000000008.pt").read_bytes() == best
+    assert (folder / "step_000000004.pt").read_bytes() != best  # its own, older best
+    assert load_checkpoint(folder / "step_000000004.pt")["position"]["step"] == 4
 
 
 def test_early_stopping_ends_at_the_expected_validation(tmp_path):

@@ -70,6 +70,7 @@ from gearshift.state.best import build_tracker
 from gearshift.state.checkpoint import (
     BEST,
     Position,
+    best_as_checkpoint,
     changed_settings,
     find_resume,
     full_state,
@@ -208,6 +209,7 @@ class Trainer:
         if cfg.early_stop.patience is not None and self.val_batches is None and ranks.is_zero:
             log.warning("early_stop.patience: no validation data to judge by; it stays off")
         self.saved_step = self.validated_step = None  # the end saves and validates once
+        self.best_saved_at: tuple[int, int, int] | None = None  # (step, epoch, batch)
         self.position = self.resume()
         self.transforms.start_at(self.position.epoch * self.batches_per_epoch + self.position.batch)
         # Plain values for the step: a DictConfig lookup costs microseconds, an attribute nothing.
@@ -466,18 +468,23 @@ class Trainer:
 
     def save(self) -> Path | None:
         """Checkpoint the run at its position; rank 0 writes (sharded: every rank gathers)."""
-        self.saved_step = self.position.step
+        p, keep = self.position, self.cfg.checkpoint.keep
+        self.saved_step = p.step
+        if self.best_saved_at == (p.step, p.epoch, p.batch):  # a validation just kept this state
+            return (
+                best_as_checkpoint(self.checkpoints, p.step, keep) if self.ranks.is_zero else None
+            )
         state = self.checkpoint_state()
         if state is None:
             return None
-        return save_checkpoint(
-            state, self.checkpoints, self.position.step, self.cfg.checkpoint.keep
-        )
+        return save_checkpoint(state, self.checkpoints, p.step, keep)
 
     def keep_best(self) -> None:
         """The state at the best validation so far, over checkpoints/best.pt."""
+        p = self.position
         if (state := self.checkpoint_state()) is not None:
             save_best(state, self.checkpoints)
+        self.best_saved_at = (p.step, p.epoch, p.batch)  # on every rank: save() agrees
 
     def checkpoint_state(self) -> dict[str, Any] | None:
         """What a checkpoint holds (rank 0; None on the others). Every rank calls it: the

@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import re
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +77,29 @@ def write_atomically(state: dict[str, Any], path: Path) -> Path:
 def save_checkpoint(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
     """Write atomically, then drop all but the newest `keep` step checkpoints (best.pt is no
     step checkpoint: rotation never touches it)."""
-    path = write_atomically(state, checkpoint_path(folder, step))
+    return _rotate(write_atomically(state, checkpoint_path(folder, step)), keep)
+
+
+def best_as_checkpoint(folder: Path, step: int, keep: int) -> Path:
+    """best.pt, written at this very position, as step `step`'s checkpoint too: a hard link
+    to the same file (a copy where the file system has none), then the rotation. A later
+    best.pt replaces its own name only, and the rotation unlinks the step's name only."""
+    path = checkpoint_path(folder, step)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(folder / BEST, tmp)
+    except OSError:
+        shutil.copyfile(folder / BEST, tmp)
+        with open(tmp, "rb") as file:
+            os.fsync(file.fileno())
+    os.replace(tmp, path)
+    return _rotate(path, keep)
+
+
+def _rotate(path: Path, keep: int) -> Path:
+    """After writing `path`, a step checkpoint: keep the newest `keep` of them."""
+    folder = path.parent
     steps = sorted(int(m[1]) for p in folder.glob("step_*.pt") if (m := NAME.match(p.name)))
     for old in steps[:-keep]:
         checkpoint_path(folder, old).unlink(missing_ok=True)
