@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
@@ -16,9 +17,12 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.config  # noqa: F401  (registers the schema with the ConfigStore)
+from gearshift.data.decode import UnreadableImage
 from gearshift.engine import precision
 from gearshift.observe import advisor
+from gearshift.state.checkpoint import latest_checkpoint
 from gearshift.tasks import Task, build_task
+from gearshift.trainer import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -48,6 +52,18 @@ TINY = (
 def make_cfg(*overrides: str, tiny: bool = True) -> DictConfig:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("config", overrides=[*(TINY if tiny else ()), *overrides])
+
+
+def stops_at_damaged_file(cfg: DictConfig, folder: Path, damaged: Path) -> Path:
+    """fit() over images one of which cannot be decoded: the run ends with one line that
+    names the file and the checkpoint saved first, which this returns."""
+    with pytest.raises(UnreadableImage) as error:
+        fit(cfg, folder)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"cannot decode image {damaged}: ")
+    checkpoint = latest_checkpoint(folder / "checkpoints")
+    assert checkpoint is not None and f"saved {checkpoint}" in message
+    return checkpoint
 
 
 def task_of(cfg: DictConfig) -> Task:

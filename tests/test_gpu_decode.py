@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import SyncCounter, make_cfg, seconds
+from helpers import SyncCounter, make_cfg, seconds, stops_at_damaged_file
 from PIL import Image
 from test_checkpoint import SignalAtStep, assert_same_parameters
 
 from gearshift.config import ConfigError, check_config
-from gearshift.data.decode import UnreadableImage, centre_square
+from gearshift.data.decode import centre_square
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.gpu_decode import (
     DamagedJpeg,
@@ -224,13 +224,7 @@ def test_a_damaged_jpeg_found_mid_epoch_is_named_after_a_checkpoint(tmp_path):
     cfg = jpeg_cfg(
         tmp_path / "images", "gpu", "model=simple_cnn", "data.val_fraction=0", "epochs=1"
     )
-    folder = tmp_path / "run"
-    with pytest.raises(UnreadableImage) as error:
-        fit(cfg, folder)
-    message = str(error.value)
-    assert "\n" not in message and message.startswith(f"cannot decode image {damaged}: ")
-    checkpoint = latest_checkpoint(folder / "checkpoints")
-    assert checkpoint is not None and f"saved {checkpoint}" in message
+    stops_at_damaged_file(cfg, tmp_path / "run", damaged)
 
 
 def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_with_the_loop(
