@@ -13,6 +13,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import gearshift.build
 import gearshift.trainer
 from gearshift.parallel.distributed import wrap_model
 
@@ -44,7 +45,7 @@ def count_allreduces(rank: int, world_size: int, port: int, out: str, overrides:
         model.register_comm_hook(None, hook)
         return model
 
-    gearshift.trainer.wrap_model = counting_wrap
+    gearshift.build.wrap_model = counting_wrap
     result = fit_quietly(make_cfg(*overrides), Path(out) / f"rank{rank}")
     buckets = len(set(calls))
     torch.save(

@@ -9,10 +9,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-import gearshift.trainer
 from gearshift.app import objective
 from gearshift.state.best import BestTracker
 from gearshift.state.checkpoint import load_checkpoint
+from gearshift.state.checkpointer import ModelState
 from gearshift.tasks import Classification
 from gearshift.trainer import fit
 
@@ -88,10 +88,8 @@ def test_best_pt_holds_the_step_of_the_best_validation(tmp_path):
 
 def test_a_checkpoint_at_a_best_validation_reuses_best_pt(tmp_path, monkeypatch):
     gathered = []
-    full_state = gearshift.trainer.full_state
-    monkeypatch.setattr(
-        gearshift.trainer, "full_state", lambda *args: gathered.append(1) or full_state(*args)
-    )
+    state = ModelState.state_dict
+    monkeypatch.setattr(ModelState, "state_dict", lambda self: gathered.append(1) or state(self))
     cfg = make_cfg(
         *scripted(0.3, 0.7, 0.5, 0.9, 0.4),
         "max_steps=10",

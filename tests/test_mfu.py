@@ -9,6 +9,7 @@ import pytest
 import torch
 from helpers import make_cfg, task_of
 
+from gearshift import build
 from gearshift import trainer as loop
 from gearshift.engine.precision import Precision
 from gearshift.models.build import build_model
@@ -75,7 +76,7 @@ def test_counting_flops_leaves_the_model_and_the_random_stream_alone():
     model = build_model(cfg.model, CPU, torch.contiguous_format)
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     state = torch.random.get_rng_state()
-    loop.MFU.measure(
+    build.MFU.measure(
         model, task_of(cfg), "highest", CPU, Precision(None, CPU), torch.contiguous_format
     )
     assert all(p.grad is None for p in model.parameters())

@@ -43,11 +43,17 @@ def test_regression_without_validation_data_reports_nulls(tmp_path):
 
 
 class CountingTrainer(Trainer):
-    """A subclass that overrides two seams: it counts micro-batches and keeps what is logged."""
+    """A subclass that overrides three seams: it counts optimizer steps and micro-batches
+    and keeps what is logged."""
 
-    def train_step(self, batch) -> bool:
+    def train_step(self, micro_batches) -> None:
+        self.steps = getattr(self, "steps", 0) + 1
+        super().train_step(micro_batches)
+
+    def forward_backward(self, batch, window: int, sync: bool) -> int:
         self.micro_batches = getattr(self, "micro_batches", 0) + 1
-        return super().train_step(batch)
+        self.synced = [*getattr(self, "synced", []), sync]
+        return super().forward_backward(batch, window, sync)
 
     def log(self, metrics: dict[str, float]) -> None:
         self.logged = [*getattr(self, "logged", []), (self.position.step, metrics)]
@@ -64,6 +70,7 @@ def test_a_trainer_subclass_is_chosen_by_config_and_its_seams_run(tmp_path, monk
     summary = fit(cfg, tmp_path).summary
     (trainer,) = seen
     assert trainer.micro_batches == 4 * 2 == summary["steps"] * 2
+    assert trainer.steps == 4 and trainer.synced == [False, True] * 4  # the window's last syncs
     train_logs = [step for step, metrics in trainer.logged if "train/loss" in metrics]
     assert train_logs == [2, 4]
     assert any("val/accuracy" in metrics for _, metrics in trainer.logged)

@@ -26,7 +26,6 @@ import os
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
@@ -38,7 +37,6 @@ from gearshift.engine.optim import build_optimizer
 from gearshift.engine.precision import Precision
 from gearshift.models.build import build_model
 from gearshift.parallel.distributed import gather_sum_max
-from gearshift.state.checkpoint import find_resume, load_checkpoint
 from gearshift.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -301,15 +299,6 @@ def agree_across_ranks(batch_size: int, device: torch.device) -> int:
     return int(-negated)
 
 
-def resumed_batch_size(cfg: DictConfig, run_dir: Path | None) -> int | None:
-    """The size the checkpoint this run resumes from was trained with, if it resumes."""
-    path = find_resume(cfg.resume, run_dir / "checkpoints") if run_dir else None
-    if path is None:
-        return None
-    size = load_checkpoint(path).get("config", {}).get("batch_size")
-    return size if isinstance(size, int) else None
-
-
 def resolve_batch_size(
     cfg: DictConfig,
     task: Task,
@@ -317,15 +306,16 @@ def resolve_batch_size(
     precision_dtype: torch.dtype | None,
     memory_format: torch.memory_format,
     num_samples: int | None,
-    run_dir: Path | None = None,
+    resumed: int | str | None = None,
 ) -> tuple[DictConfig, BatchSizeChoice | None]:
     """`cfg` with batch_size=auto replaced by the size found (a copy), and the choice.
 
-    A resumed run keeps its checkpoint's size: its position in the epoch counts batches.
+    A resumed run keeps its checkpoint's size (`resumed`): its position in the epoch counts
+    batches.
     """
     if cfg.batch_size != "auto":
         return cfg, None
-    if resumed := resumed_batch_size(cfg, run_dir):
+    if isinstance(resumed, int):
         choice = BatchSizeChoice(resumed, "resumed_checkpoint")
     else:
         choice = find_batch_size(cfg, task, device, precision_dtype, memory_format, num_samples)

@@ -5,10 +5,11 @@
 
 The config is the checkpoint's own (the run's resolved config) with the overrides on top:
 a group override (`amp=bf16`, `model=mlp`) replaces that node, a key (`batch_size=256`)
-that key, an experiment or gear preset the keys it changes. The run's Trainer is built
-from it (same data, precision, memory format, device transforms), the checkpoint's
-weights are loaded, and its validation runs once, for the weight average too when the
-checkpoint holds one (`ema.decay`). The metrics go to `eval.json` in the checkpoint's run
+that key, an experiment or gear preset the keys it changes. What validation needs is
+built from it as the training run built it (build.py `build_parts`: the same data,
+precision, memory format, device transforms; no optimizer, no profiler, no advisor), the
+checkpoint's weights are loaded, and the task's validation runs once, for the weight
+average too when the checkpoint holds one (`ema.decay`). The metrics go to `eval.json` in the checkpoint's run
 folder (the folder above `checkpoints/`; for a checkpoint elsewhere, its own folder), or
 to `--output`. One process: `distributed` is set to none.
 
@@ -31,14 +32,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.app import EXIT_BAD_CONFIG, culprit, default_config_dir, describe_error
+from gearshift.build import build_parts
 from gearshift.config import ConfigError, check_config
-from gearshift.config.checks import locate
 from gearshift.config.schema import Config
 from gearshift.engine.runtime import resolve_device
 from gearshift.observe.loggers import write_json_atomic
-from gearshift.observe.summary import resolved_gears
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint import CheckpointError, load_checkpoint, load_model_state
+from gearshift.state.checkpoint import CheckpointError, load_checkpoint
+from gearshift.state.checkpointer import ModelState, Saved, load_parts
 
 log = logging.getLogger("gearshift.evaluate")
 
@@ -115,18 +116,19 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
         )
     check_config(cfg)
     device = resolve_device(cfg.device)
-    trainer = locate("trainer", cfg.trainer)(cfg, output_path(path).parent, None, Ranks(), "none", device)  # fmt: skip
-    if trainer.val_batches is None:
+    parts = build_parts(cfg, Ranks(), "none", device)
+    if parts.val_batches is None:
         raise ConfigError(
             f"resume={str(path)!r} is not allowed; its data has no validation set: "
             "add one with overrides (e.g. data.num_val_samples=N)"
         )
-    load_model_state(trainer.model, checkpoint, path)
-    metrics = trainer.evaluate()
+    saved = Saved(path, checkpoint)
+    load_parts(saved, {"model": ModelState(parts.model)})
+    metrics = parts.evaluate(parts.model)
     ema_metrics = None
-    if trainer.ema is not None and "ema" in checkpoint:
-        trainer.ema.load_state_dict(checkpoint["ema"])
-        ema_metrics = trainer.evaluate(trainer.ema.model)
+    if parts.ema is not None and "ema" in checkpoint:
+        load_parts(saved, {"ema": parts.ema})
+        ema_metrics = parts.evaluate(parts.ema.model)
     return {
         "checkpoint": str(path.resolve()),
         "step": checkpoint["position"]["step"],
@@ -134,7 +136,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
         "device": str(device),
         "metrics": metrics,
         "ema_metrics": ema_metrics,
-        "gears": resolved_gears(trainer.cfg, trainer.precision, device, "none"),
+        "gears": parts.gears,
     }
 
 

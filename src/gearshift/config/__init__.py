@@ -4,6 +4,6 @@ from gearshift.config import (
     schema,  # noqa: F401  (registers the schema with the ConfigStore)
     token_files,  # noqa: F401  (data=tokens: its resolver and check)
 )
-from gearshift.config.checks import ConfigError, check_config
+from gearshift.config.checks import ConfigError, DataError, check_config
 
-__all__ = ["ConfigError", "check_config"]
+__all__ = ["ConfigError", "DataError", "check_config"]

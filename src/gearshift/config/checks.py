@@ -21,6 +21,20 @@ class ConfigError(ValueError):
     """A config value that is not allowed; the message is one line for the user."""
 
 
+class DataError(ConfigError):
+    """Data that cannot be read, met while training (a damaged file): the run saves a
+    checkpoint at its last optimizer step, then ends with this one line (exit 2)."""
+
+    remedy = "fix the data"
+
+    def after(self, checkpoint: Path | None) -> DataError:
+        """This error, its message now saying where training stopped and how to go on."""
+        if checkpoint is not None:
+            remedy = f"{self.remedy}, then run the same command again to resume"
+            self.args = (f"{self}; saved {checkpoint}: {remedy}",)
+        return self
+
+
 AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MATMUL_PRECISIONS = ("highest", "high", "medium")

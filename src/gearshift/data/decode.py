@@ -24,14 +24,13 @@ import random
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as F
 
-from gearshift.config import ConfigError
+from gearshift.config import DataError
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +40,10 @@ DECODER_CHOICES = ("auto", "pil", "torchvision", "simplejpeg")
 SAMPLE_FILES = 16  # JPEGs timed per decoder by data.decoder=auto
 
 
-class UnreadableImage(ConfigError):
+class UnreadableImage(DataError):
     """`cannot decode image <path>: <why>`, one line, also when re-raised out of a worker."""
+
+    remedy = "replace the file"
 
     def __init__(self, text: str) -> None:
         # A DataLoader worker's exception is rebuilt from "Caught ... Original Traceback ...";
@@ -50,15 +51,6 @@ class UnreadableImage(ConfigError):
         prefix = f"{type(self).__name__}: "
         lines = [line for line in text.splitlines() if prefix in line]
         super().__init__(lines[-1].split(prefix, 1)[1] if lines else text)
-
-    def after(self, checkpoint: Path | None) -> UnreadableImage:
-        """This error, saying where training stopped and how to go on."""
-        if checkpoint is None:
-            return self
-        return UnreadableImage(
-            f"{self}; saved {checkpoint}: replace the file, then run the same command again "
-            "to resume"
-        )
 
 
 def _pil(data: bytes, channels: int, size: int) -> torch.Tensor:

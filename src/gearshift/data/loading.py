@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -197,6 +198,23 @@ def resolve_pin_memory(choice: bool | str, device: torch.device) -> bool:
     return device.type == "cuda" if choice == "auto" else bool(choice)
 
 
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The loader gears as resolved for this device, decided once per run."""
+
+    num_workers: int
+    num_workers_reason: str
+    pin_memory: bool
+
+
+def loader_settings(dl: DictConfig, device: torch.device, on_device: bool) -> LoaderSettings:
+    """The `dataloader` node against this machine; data made on the device has no loader."""
+    if on_device:
+        return LoaderSettings(0, "data.on_device=true: no loader", False)
+    workers, reason = loader_workers(dl.num_workers, device)
+    return LoaderSettings(workers, reason, resolve_pin_memory(dl.pin_memory, device))
+
+
 def build_loader(
     dataset: Dataset,
     cfg: DictConfig,
@@ -205,10 +223,13 @@ def build_loader(
     seed: int,
     rank: int = 0,
     world_size: int = 1,
+    settings: LoaderSettings | None = None,
 ) -> LoaderBatches | DeviceDecodedBatches:
-    """A DataLoader with the `dataloader` group's gears applied."""
+    """A DataLoader with the `dataloader` group's gears applied (`settings`: as resolved
+    for the run; by default resolved here)."""
     dl = cfg.dataloader
-    workers = resolve_num_workers(dl.num_workers, device)
+    settings = settings or loader_settings(dl, device, on_device=False)
+    workers = settings.num_workers
     worker_options = {}
     if workers > 0:  # these two are errors for a loader without workers
         worker_options = {
@@ -223,7 +244,7 @@ def build_loader(
         ),  # shards like DistributedSampler
         drop_last=dl.drop_last and train,
         num_workers=workers,
-        pin_memory=resolve_pin_memory(dl.pin_memory, device),
+        pin_memory=settings.pin_memory,
         collate_fn=getattr(dataset, "collate", None),  # a dataset's own batching, if it has one
         generator=torch.Generator().manual_seed(worker_seed(seed, rank, 0)),
         **worker_options,
@@ -243,6 +264,7 @@ def build_batches(
     device: torch.device,
     rank: int = 0,
     world_size: int = 1,
+    settings: LoaderSettings | None = None,
 ) -> tuple[Any, Any | None]:
     """(train batches, validation batches or None) of this rank: iterables of
     (inputs, targets) with `set_epoch(epoch, start_batch)` and `len()` (batches per epoch)."""
@@ -256,10 +278,10 @@ def build_batches(
         if val_set is not None:
             val = DeviceBatches(*_tensors(val_set), cfg.batch_size, False, False, cfg.seed, **shard)
     else:
-        train = build_loader(train_set, cfg, device, True, cfg.seed, **shard)
+        train = build_loader(train_set, cfg, device, True, cfg.seed, **shard, settings=settings)
         val = None
         if val_set is not None:
-            val = build_loader(val_set, cfg, device, False, cfg.seed, **shard)
+            val = build_loader(val_set, cfg, device, False, cfg.seed, **shard, settings=settings)
     if len(train) == 0:  # drop_last with fewer samples than one batch
         raise ConfigError(
             f"batch_size={cfg.batch_size} is not allowed; with dataloader.drop_last=true it "

@@ -62,7 +62,8 @@ def configure_backends(
     cudnn_benchmark: bool,
     matmul_precision: str,
     deterministic: bool | str = False,
-) -> None:
+) -> bool:
+    """Process-wide backend switches; returns whether the cuDNN autotuner is on."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if cudnn_benchmark and deterministic_on(deterministic):
@@ -72,3 +73,4 @@ def configure_backends(
     torch.backends.cudnn.benchmark = cudnn_benchmark
     # "high" allows TF32 (CUDA) or bf16-based (CPU) matmul kernels for float32 inputs.
     torch.set_float32_matmul_precision(matmul_precision)
+    return cudnn_benchmark

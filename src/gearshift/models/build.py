@@ -42,8 +42,7 @@ def resolve_compile(choice: bool | str, device: torch.device) -> tuple[bool, str
     return False, f"auto: off on {device.type} (compiled models ran ~0.8x eager on CPUs)"
 
 
-def maybe_compile(model: nn.Module, cfg: DictConfig, device: torch.device) -> nn.Module:
-    """Tip 8: torch.compile fuses pointwise ops and cuts Python overhead; off returns `model`."""
-    if not resolve_compile(cfg.enabled, device)[0]:
-        return model
+def compile_model(model: nn.Module, cfg: DictConfig) -> nn.Module:
+    """Tip 8: torch.compile fuses pointwise ops and cuts Python overhead (`cfg`: the
+    compile node)."""
     return torch.compile(model, mode=cfg.mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)

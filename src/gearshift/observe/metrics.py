@@ -15,6 +15,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import pairwise
 
@@ -92,6 +93,17 @@ class PerfMeter:
         mark = self._mark()
         self._pauses.append((self._segments[-1][-1], mark))
         self._segments.append([mark])
+
+    def timed(self, batches: Iterable) -> Iterator:
+        """Yield from `batches`, counting how long the host waited for each one."""
+        iterator = iter(batches)
+        while True:
+            start = time.perf_counter()
+            batch = next(iterator, None)
+            if batch is None:
+                return
+            self.add_data_wait(time.perf_counter() - start)
+            yield batch
 
     def add_data_wait(self, seconds: float) -> None:
         self._current.data_wait_seconds += seconds

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -79,12 +80,38 @@ class LossWatch:
 
     def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:
         """Before a checkpoint: (the first step since the last read whose loss was not
-        finite or None, whether every weight this rank holds is finite). One read, a
-        checkpoint's only; the caller agrees on it over ranks."""
+        finite or None, whether every weight is finite), agreed over ranks. One read and
+        one small collective, a checkpoint's only."""
         finite = [
             torch.isfinite(p.to_local() if isinstance(p, DTensor) else p).all()  # FSDP: a shard
             for p in parameters
         ]
         weights = torch.stack(finite).all() if finite else torch.ones((), dtype=torch.bool)
         _, first_bad, (weights_finite,) = self._read([weights.to(self.device)])
-        return first_bad, bool(weights_finite)
+        _, (first_bad, unhealthy) = gather_sum_max(
+            [],
+            [-(NONE if first_bad is None else first_bad), float(not weights_finite)],
+            self.device,
+        )  # the max of -step over ranks is the first bad step
+        return (int(-first_bad) if first_bad > -NONE else None), not unhealthy
+
+
+def nonfinite_message(
+    bad_step: int | None, step: int, last_checkpoint: Path | None, on_nonfinite: str
+) -> str:
+    """The line a NaN/inf loss (at `bad_step`) or NaN/inf weights (None: the loss was
+    finite; found after `step`) end the run with."""
+    what = (
+        f"non-finite loss (NaN or inf) at step {bad_step}"
+        if bad_step is not None
+        else f"non-finite weights at step {step} (the loss was finite)"
+    )
+    kept = (
+        f"the last good checkpoint: {last_checkpoint}"
+        if last_checkpoint
+        else "no checkpoint was saved before it"
+    )
+    return (
+        f"{what}; stopped (on_nonfinite={on_nonfinite}), {kept}; "
+        "try a lower optimizer.lr, or on_nonfinite=skip to skip such steps' updates"
+    )

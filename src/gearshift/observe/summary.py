@@ -1,19 +1,16 @@
-"""What a run reports at its end: summary.json's figures, the log line, the resolved gears."""
+"""What a run reports at its end: summary.json's figures, the log line, the closing table."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
-from gearshift.data.device_transforms import DeviceTransforms
-from gearshift.data.loading import loader_workers, resolve_pin_memory
-from gearshift.data.prefetch import prefetch_active
-from gearshift.engine.precision import Precision, amp_name
-from gearshift.engine.runtime import deterministic_on
-from gearshift.models.build import resolve_compile
+from gearshift.observe.console import print_summary
+from gearshift.observe.loggers import write_json_atomic
 from gearshift.observe.metrics import PerfMeter, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
 
@@ -66,40 +63,22 @@ def log_summary(summary: dict[str, Any]) -> None:
     )
 
 
-def resolved_gears(
-    cfg: DictConfig, precision: Precision, device: torch.device, strategy: str
-) -> dict[str, Any]:
-    """The switches as they act on this machine (amp=on resolved to its dtype, workers counted)."""
-    dl = cfg.dataloader
-    on_device = bool(cfg.data.get("on_device"))
-    workers, workers_reason = loader_workers(dl.num_workers, device)
-    compiled, compile_reason = resolve_compile(cfg.compile.enabled, device)
-    if on_device:
-        workers, workers_reason = 0, "data.on_device=true: no loader"
-    return {
-        "amp": amp_name(precision.dtype),
-        "amp_reason": precision.reason,
-        "grad_scaler": precision.scaler.is_enabled(),
-        "accum": cfg.accum,
-        "batch_size": cfg.batch_size,
-        "memory_format": "channels_last" if cfg.memory_format.channels_last else "contiguous",
-        "data_on_device": on_device,
-        "data_decode": cfg.data.get("decode", "host"),  # gpu: JPEGs decoded on the device
-        "num_workers": workers,
-        "num_workers_reason": workers_reason,
-        "pin_memory": False if on_device else resolve_pin_memory(dl.pin_memory, device),
-        "non_blocking": dl.non_blocking,
-        "prefetch_to_device": prefetch_active(cfg, device),
-        "device_transforms": DeviceTransforms.describe(cfg.device_transforms),
-        "checkpointing": bool(cfg.model.get("checkpointing", False)),
-        "compile": cfg.compile.mode if compiled else "off",
-        "compile_reason": compile_reason,
-        "cudnn_benchmark": cfg.cudnn_benchmark and not deterministic_on(cfg.deterministic),
-        "deterministic": cfg.deterministic,
-        "matmul_precision": cfg.matmul_precision,
-        "optimizer": cfg.optimizer.name,
-        "fused": cfg.optimizer.fused,
-        "foreach": cfg.optimizer.foreach,
-        "set_to_none": cfg.optimizer.set_to_none,
-        "distributed": strategy,
-    }
+def write_summary(run_dir: Path, summary: dict[str, Any], table: bool) -> None:
+    """summary.json, the log line, and (`table`) the closing table on the console."""
+    write_json_atomic(run_dir / "summary.json", summary)
+    log_summary(summary)
+    if table:
+        print_summary(summary)
+
+
+def finished_summary(run_dir: Path, ended: bool, total_steps: int) -> dict[str, Any] | None:
+    """A rerun of a finished run (`ended`) trains nothing and keeps its summary."""
+    finished = run_dir / "summary.json"
+    if not ended or not finished.is_file():
+        return None
+    log.warning(
+        "%s trained all %d steps already; nothing to do (resume=null trains it again)",
+        run_dir,
+        total_steps,
+    )
+    return json.loads(finished.read_text())

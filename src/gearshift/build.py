@@ -1,0 +1,316 @@
+"""Assemble a run once: every part it trains with, each with the decision that made it.
+
+`build_parts` makes what validating a model needs (precision, task, batches, device
+transforms, the model and its weight average); `build_run` adds what training needs
+(the wrapped forward, optimizer, schedule, checkpointer, the loop's meters, profiler, MFU
+and the advisor) and restores a checkpoint into them. Every builder decides against this
+machine once (what `amp=on` means here, how many loader workers, whether to compile), and
+the run's `gears` (summary.json) is the collection of those decisions with their reasons.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from gearshift.batch_finder import BatchSizeChoice, resolve_batch_size
+from gearshift.data.device_transforms import DeviceTransforms, source_transforms
+from gearshift.data.loading import build_batches, loader_settings, to_device
+from gearshift.data.prefetch import CudaPrefetcher
+from gearshift.data.sources import build_datasets
+from gearshift.engine.ema import EMA, build_ema
+from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
+from gearshift.engine.runtime import configure_backends, configure_determinism, seed_everything
+from gearshift.models.blocks import model_blocks
+from gearshift.models.build import build_model, compile_model, resolve_compile
+from gearshift.observe.advisor import Finding, advise, log_findings
+from gearshift.observe.memory_snapshot import MemoryHistory
+from gearshift.observe.metrics import PerfMeter
+from gearshift.observe.mfu import MFU
+from gearshift.observe.nonfinite import LossWatch
+from gearshift.observe.profiler import Profiler
+from gearshift.parallel.distributed import Ranks, gather_sum_max, rank_zero_value, wrap_model
+from gearshift.state.best import BestTracker, build_tracker
+from gearshift.state.checkpointer import (
+    Checkpointer,
+    ModelState,
+    OptimizerState,
+    Position,
+    RngState,
+    Saved,
+    read_resume,
+)
+from gearshift.tasks import Task, build_task
+
+log = logging.getLogger(__name__)
+
+Gears = dict[str, Any]  # decisions by name, with their `*_reason` where there is a choice
+
+
+@dataclass
+class Parts:
+    """What validating a model needs, as built for this machine."""
+
+    cfg: DictConfig  # the run's config, batch_size=auto resolved to a number
+    device: torch.device
+    ranks: Ranks
+    precision: Precision
+    memory_format: torch.memory_format
+    task: Task
+    train_batches: Any  # iterables of (inputs, targets), with set_epoch(epoch, batch) and len()
+    val_batches: Any | None
+    transforms: DeviceTransforms
+    model: nn.Module  # the plain model (never wrapped): what checkpoints hold
+    ema: EMA | None
+    batch_choice: BatchSizeChoice | None
+    gears: Gears
+
+    def place(self, batch: Any, train: bool = False) -> tuple[Any, Any]:
+        """The batch on the device in the model's layout (tips 7 and 16: non_blocking,
+        channels_last), normalised and augmented there."""
+        non_blocking = self.cfg.dataloader.non_blocking
+        inputs, targets = to_device(batch, self.device, non_blocking, self.memory_format)
+        return self.transforms(inputs, train), targets
+
+    @torch.inference_mode()  # tip 14: no autograd graph, no version counters
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """The task's validation metrics of `model` over every rank's share of the
+        validation set: one host read at the end."""
+        training = model.training
+        model.eval()
+        sums: dict[str, torch.Tensor] = {}
+        count = 0
+        for batch in self.val_batches:
+            inputs, targets = self.place(batch)
+            with self.precision.autocast():
+                batch_sums = self.task.eval_sums(model, inputs, targets)
+            for key, value in batch_sums.items():
+                sums[key] = sums[key] + value if key in sums else value
+            count += self.task.count(inputs, targets)
+        model.train(training)
+        keys = sorted(sums)
+        local = torch.stack([sums[k].double() for k in keys]).tolist() if keys else []
+        (*totals, count), _ = gather_sum_max([*local, count], [], self.device)
+        return self.task.eval_metrics(dict(zip(keys, totals, strict=True)), int(count))
+
+
+@dataclass
+class Run(Parts):
+    """Everything a training run needs, built and (when resuming) restored."""
+
+    strategy: str
+    forward: nn.Module  # the model as the loop calls it: compiled, wrapped for DDP/FSDP
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler | None
+    total_steps: int
+    position: Position
+    checkpointer: Checkpointer
+    best: BestTracker
+    mfu: MFU
+    advice: list[Finding]
+    meter: PerfMeter
+    losses: LossWatch
+    profiler: Profiler
+    memory_history: MemoryHistory
+
+
+def build_parts(
+    cfg: DictConfig,
+    ranks: Ranks,
+    strategy: str,
+    device: torch.device,
+    saved: Saved | None = None,
+) -> Parts:
+    """Precision, task, data, device transforms, the model and its average. `saved`: the
+    checkpoint a resumed run continues, whose decisions it repeats."""
+    configure_determinism(cfg.deterministic)  # before the first CUDA matmul (cuBLAS)
+    seed_everything(cfg.seed)
+    cudnn_benchmark = configure_backends(  # tip 15: cuDNN autotuner; TF32
+        device, cfg.cudnn_benchmark, cfg.matmul_precision, cfg.deterministic
+    )
+    precision = build_precision(cfg, device, strategy, saved)
+    channels_last = cfg.memory_format.channels_last  # tip 16: channels_last
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    task = build_task(cfg.task)
+    train_set, val_set = build_datasets(cfg.data, device)  # tips 1, 4, 6: where data lives
+    resumed_size = saved.config.get("batch_size") if saved else None
+    cfg, batch_choice = resolve_batch_size(  # tip 10: batch_size=auto fills the memory
+        cfg, task, device, precision.dtype, memory_format, len(train_set), resumed_size
+    )
+    # From here on `cfg` is the run's config: its batch size is a number.
+    train, val, data_gears = build_data(cfg, train_set, val_set, device, ranks, memory_format)
+    transforms = DeviceTransforms(  # after the source's own (uint8 batches)
+        cfg.device_transforms, device, memory_format, cfg.seed, source_transforms(train_set)
+    )
+    model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
+    model.train()
+    gears = {
+        "amp": amp_name(precision.dtype),
+        "amp_reason": precision.reason,
+        "grad_scaler": precision.scaler.is_enabled(),
+        "accum": cfg.accum,
+        "batch_size": cfg.batch_size,
+        "memory_format": "channels_last" if channels_last else "contiguous",
+        **data_gears,
+        "device_transforms": DeviceTransforms.describe(cfg.device_transforms),
+        "checkpointing": bool(cfg.model.get("checkpointing", False)),
+        "cudnn_benchmark": cudnn_benchmark,
+        "deterministic": cfg.deterministic,
+        "matmul_precision": cfg.matmul_precision,
+        **getattr(train_set, "gears", {}),  # how a disk source reads its images
+    }
+    ema = build_ema(cfg.ema, model)  # weight averaging (None: off)
+    return Parts(
+        cfg, device, ranks, precision, memory_format, task, train, val, transforms, model, ema,
+        batch_choice, gears,
+    )  # fmt: skip
+
+
+def build_precision(
+    cfg: DictConfig, device: torch.device, strategy: str, saved: Saved | None
+) -> Precision:
+    """Tip 11, mixed precision: the autocast dtype against this machine (on a CPU,
+    measured). A resumed run of `amp=on` keeps the dtype its start resolved to."""
+    amp = resolve_amp_on_resume(cfg.amp.dtype, saved)
+    if amp is None:
+        amp = resolve_amp(cfg.amp.dtype, device)
+        if device.type == "cpu" and strategy in ("ddp", "fsdp"):
+            amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
+    return Precision(amp.dtype, device, amp.reason)
+
+
+def resolve_amp_on_resume(choice: str, saved: Saved | None) -> AmpChoice | None:
+    """The saved run's choice when it, too, asked for `amp=on`: a probe at each restart may
+    measure differently on a busy machine, and a run must not change dtype midway."""
+    decided = saved.decision("amp") if saved else None
+    if decided is None:
+        return None
+    dtype = {"off": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[decided["dtype"]]
+    was = saved.config.get("amp", {}).get("dtype")
+    if choice == "auto" and was == "auto":
+        log.info("amp=on: %s, as resolved when this run started", amp_name(dtype))
+        return AmpChoice(dtype, decided["reason"])
+    if was == "auto":
+        log.info(
+            "amp: the checkpoint trained with %s (amp=on); this command's amp wins",
+            amp_name(dtype),
+        )
+    return None
+
+
+def build_data(
+    cfg: DictConfig,
+    train_set: Any,
+    val_set: Any | None,
+    device: torch.device,
+    ranks: Ranks,
+    memory_format: torch.memory_format,
+) -> tuple[Any, Any | None, Gears]:
+    """This rank's training and validation batches with the data gears applied (tips 2, 3,
+    7: workers, pinned memory, copies ahead of the compute), and those gears."""
+    dl, on_device = cfg.dataloader, bool(cfg.data.get("on_device"))
+    settings = loader_settings(dl, device, on_device)
+    train, val = build_batches(
+        cfg, train_set, val_set, on_device, device, ranks.rank, ranks.world_size, settings
+    )
+    prefetch = bool(dl.prefetch_to_device and device.type == "cuda" and not on_device)
+    if prefetch:  # tip 7: the next batch's copy on a side stream
+        train = CudaPrefetcher(train, device, memory_format)
+        val = None if val is None else CudaPrefetcher(val, device, memory_format)
+    gears = {
+        "data_on_device": on_device,
+        "data_decode": cfg.data.get("decode", "host"),  # gpu: JPEGs decoded on the device
+        "num_workers": settings.num_workers,
+        "num_workers_reason": settings.num_workers_reason,
+        "pin_memory": settings.pin_memory,
+        "non_blocking": dl.non_blocking,
+        "prefetch_to_device": prefetch,
+    }
+    return train, val, gears
+
+
+def build_run(
+    cfg: DictConfig, run_dir: Path, ranks: Ranks, strategy: str, device: torch.device
+) -> Run:
+    """Every part of a training run, restored from its checkpoint when it resumes."""
+    if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
+        torch.cuda.reset_peak_memory_stats(device)
+    memory_history = MemoryHistory(  # first: it records the allocations that follow
+        cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
+    )
+    folder = run_dir / "checkpoints"
+    saved = read_resume(cfg.resume, folder)  # read once per start
+    parts = build_parts(cfg, ranks, strategy, device, saved)
+    cfg, model = parts.cfg, parts.model
+    advice = advise(cfg, model, device, parts.precision.dtype)  # layer widths, batch, ...
+    if ranks.is_zero:
+        log_findings(advice)
+    mfu = MFU.measure(
+        model, parts.task, cfg.matmul_precision, device, parts.precision, parts.memory_format,
+        strategy,
+    )  # fmt: skip
+    compiled, compile_reason = resolve_compile(cfg.compile.enabled, device)
+    forward = compile_model(model, cfg.compile) if compiled else model  # tip 8: torch.compile
+    # tip 18: DDP (or FSDP, one unit per block)
+    forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
+    optimizer = build_optimizer(model, cfg.optimizer)
+    batches_per_epoch = len(parts.train_batches)
+    total_steps = cfg.max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
+    schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
+    best = build_tracker(parts.task, cfg.early_stop)  # best.pt, early stopping
+    if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
+        log.warning("early_stop.patience: no validation data to judge by; it stays off")
+    position = Position(batches_per_epoch=batches_per_epoch)
+    sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
+    config = OmegaConf.to_container(cfg, resolve=True)
+    amp = {"dtype": parts.gears["amp"], "reason": parts.gears["amp_reason"]}  # amp=on's, kept
+    checkpointer = Checkpointer(folder, ranks, config, {"amp": amp}, cfg.checkpoint, sharded)
+    for name, part in {
+        "position": position,
+        "model": ModelState(model, sharded),
+        "optimizer": OptimizerState(model, optimizer, sharded),
+        "scaler": parts.precision.scaler,
+        "schedule": schedule,
+        "rng": RngState(),
+        "best": best,
+        "ema": parts.ema,
+    }.items():
+        checkpointer.register(name, part)
+    if saved is not None:
+        checkpointer.restore(saved)
+        parts.transforms.start_at(position.epoch * batches_per_epoch + position.batch)
+    profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+    meter = PerfMeter(device, cfg.warmup_steps)
+    meter.leave_out(profiler.window)  # the profiled steps run slower
+    # each step's loss on the device, read at log steps; on_nonfinite acts on it
+    losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
+    log.info(
+        "on this machine: amp -> %s; loader workers -> %d (%s)",
+        parts.precision.reason, parts.gears["num_workers"], parts.gears["num_workers_reason"],
+    )  # fmt: skip
+    parameters = sum(t.numel() for t in model.parameters()) / 1e6
+    log.info("%s on %s, %.2fM parameters, %d steps", type(model).__name__, device, parameters, total_steps)  # fmt: skip
+    gears = parts.gears | {
+        "compile": cfg.compile.mode if compiled else "off",
+        "compile_reason": compile_reason,
+        "optimizer": cfg.optimizer.name,
+        "fused": cfg.optimizer.fused,
+        "foreach": cfg.optimizer.foreach,
+        "set_to_none": cfg.optimizer.set_to_none,
+        "distributed": strategy,
+    }
+    return Run(
+        **vars(parts) | {"gears": gears},
+        strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
+        total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
+        mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
+        memory_history=memory_history,
+    )  # fmt: skip
