@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,8 @@ SOURCES = {
     "gearshift.data.images.image_folder": "imagefolder",
     "gearshift.data.images.cifar10": "cifar10",
 }
-# Sources whose files another config module checks (config/token_files.py), by _target_.
+# Sources with a check of their own, by _target_: data=synthetic_tokens's below, data=tokens's
+# in config/token_files.py (it reads the files).
 SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 CHECK_IMAGES = ("header", "decode", "off")
 BATCH_DTYPES = ("uint8", "float32")  # data/images.py host_transform
@@ -240,10 +242,20 @@ def _check_normalisation(data: DictConfig) -> None:
 def _check_optimizer(cfg: DictConfig) -> None:
     _check_choice(cfg, "optimizer.name", OPTIMIZERS)
     _check_choice(cfg, "optimizer.schedule", SCHEDULES)
-    if not cfg.optimizer.lr > 0:
-        _fail("optimizer.lr", cfg.optimizer.lr, "expected a number > 0")
-    if cfg.optimizer.weight_decay < 0:
-        _fail("optimizer.weight_decay", cfg.optimizer.weight_decay, "expected a number >= 0")
+    optimizer = cfg.optimizer
+    if not optimizer.lr > 0:
+        _fail("optimizer.lr", optimizer.lr, "expected a number > 0")
+    if math.isinf(optimizer.lr):
+        _fail("optimizer.lr", optimizer.lr, "expected a finite number > 0")
+    if not optimizer.weight_decay >= 0:  # NaN too
+        _fail("optimizer.weight_decay", optimizer.weight_decay, "expected a number >= 0")
+    if not optimizer.momentum >= 0:
+        _fail("optimizer.momentum", optimizer.momentum, "expected a number >= 0")
+    if optimizer.nesterov and not optimizer.momentum > 0:
+        _fail("optimizer.nesterov", True, "it needs optimizer.momentum > 0")
+    betas = list(optimizer.betas)
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        _fail("optimizer.betas", betas, "expected two numbers >= 0 and < 1")
     _check_int(cfg, "optimizer.lr_warmup_steps", 0)
     clip = cfg.optimizer.clip_grad_norm
     if clip is not None and not clip > 0:
@@ -271,6 +283,19 @@ def _check_importable(key: str, target: Any, what: str) -> None:
     if not target:
         _fail(key, target, f"name the {what} to build")
     locate(key, target)
+
+
+TRAINER = "gearshift.trainer.Trainer"  # the base class every `trainer=` names a subclass of
+
+
+def _check_trainer(target: Any) -> None:
+    """`trainer` names a subclass of Trainer. Checked by the names of its bases: the config
+    layer sits below the trainer's and does not import it (a subclass's module has)."""
+    _check_importable("trainer", target, "Trainer class")
+    found = locate("trainer", target)
+    bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
+    if not isinstance(found, type) or TRAINER not in bases:
+        _fail("trainer", target, f"it must name a subclass of {TRAINER} (module.Name)")
 
 
 def _check_batch_size(cfg: DictConfig) -> None:
@@ -343,7 +368,7 @@ def _check_ema_and_early_stop(cfg: DictConfig) -> None:
     _check_int(cfg, "ema.every_n_steps", 1)
     _check_int(cfg, "ema.start_step", 0)
     _check_int(cfg, "early_stop.patience", 1, optional=True)
-    if cfg.early_stop.min_delta < 0:
+    if not cfg.early_stop.min_delta >= 0:  # NaN too
         _fail("early_stop.min_delta", cfg.early_stop.min_delta, "expected a number >= 0")
 
 
@@ -393,11 +418,34 @@ def _check_resolves(cfg: DictConfig, group: str) -> None:
             _fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
 
 
+def _check_synthetic_tokens(cfg: DictConfig) -> None:
+    """data=synthetic_tokens: windows of data.block_size tokens below data.vocab_size."""
+    _check_int(cfg, "data.num_samples", 1)
+    _check_int(cfg, "data.num_val_samples", 0)
+    for key in ("data.block_size", "data.vocab_size", "data.successors"):
+        _check_int(cfg, key, 1)
+
+
+SOURCE_CHECKS["gearshift.data.tokens.synthetic_tokens"] = _check_synthetic_tokens
+
+
+def _check_model_takes_tokens(cfg: DictConfig) -> None:
+    """Token data (its node has block_size and vocab_size) and a model that reads them (the
+    GPT): its context holds a whole window and its embedding every token id; else the
+    first step fails inside the model (a reshape or an index out of range)."""
+    data, model = cfg.data, cfg.model
+    for key, what in (("block_size", "the data's windows are"), ("vocab_size", "the data has")):
+        wanted, has = data.get(key), model.get(key)
+        if isinstance(wanted, int) and isinstance(has, int) and has < wanted:
+            unit = "tokens" if key == "block_size" else "token ids"
+            _fail(f"model.{key}", has, f"{what} data.{key}={wanted} {unit}: expected >= {wanted}")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed."""
     for key, what in (("model", "model class or function"), ("task", "task class")):
         _check_importable(f"{key}._target_", OmegaConf.select(cfg, f"{key}._target_"), what)
-    _check_importable("trainer", cfg.trainer, "Trainer class")
+    _check_trainer(cfg.trainer)
     _check_choice(cfg, "amp.dtype", AMP_DTYPES)
     _check_choice(cfg, "compile.mode", COMPILE_MODES)
     if cfg.compile.enabled not in (True, False, "auto"):
@@ -423,6 +471,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_data(cfg)
     _check_resolves(cfg, "model")  # after the data's own checks: they name its files
     _check_resolves(cfg, "task")
+    _check_model_takes_tokens(cfg)
     _check_device_transforms(cfg)
     _check_optimizer(cfg)
     _check_device(cfg.device)
