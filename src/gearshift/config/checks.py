@@ -17,20 +17,28 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
+from gearshift.config.schema import (
+    AMP_DTYPES,
+    BACKENDS,
+    COMPILE_ENABLED,
+    COMPILE_MODES,
+    DETERMINISTIC,
+    DEVICES,
+    LOGGER_MODES,
+    MATMUL_PRECISIONS,
+    ON_NONFINITE,
+    OPTIMIZERS,
+    PIN_MEMORY,
+    SCHEDULES,
+    STRATEGIES,
+    TRAINER,
+)
+
 
 class ConfigError(ValueError):
     """A config value that is not allowed; the message is one line for the user."""
 
 
-AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-MATMUL_PRECISIONS = ("highest", "high", "medium")
-OPTIMIZERS = ("sgd", "adamw")
-SCHEDULES = ("constant", "cosine")
-LOGGER_MODES = ("auto", "online", "offline", "disabled")
-STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
-BACKENDS = ("auto", "nccl", "gloo")
-ON_NONFINITE = ("stop", "skip")
 # The built-in data sources by their _target_, with the names their conf/data files have;
 # their values are checked here, before any run folder exists. A source of your own is
 # checked by its own code when it builds the datasets.
@@ -43,6 +51,7 @@ SOURCES = {
 # Sources with a check of their own, by _target_: data=synthetic_tokens's below, data=tokens's
 # in config/token_files.py (it reads the files).
 SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
+# The image sources' keys: their nodes are conf/data/*.yaml, not a schema dataclass.
 CHECK_IMAGES = ("header", "decode", "off")
 BATCH_DTYPES = ("uint8", "float32")  # data/images.py host_transform
 DECODERS = ("auto", "pil", "torchvision", "simplejpeg")  # data/decode.py
@@ -73,6 +82,14 @@ def _check_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], prefix: s
         _fail(prefix + key, value, "choose one of: " + ", ".join(choices))
 
 
+def _check_switch(cfg: DictConfig, key: str, choices: tuple[bool | str, ...]) -> None:
+    """A key that is true, false or a word: "choose true, false or auto"."""
+    value = OmegaConf.select(cfg, key)
+    if value not in choices:
+        *first, last = (str(c).lower() if isinstance(c, bool) else c for c in choices)
+        _fail(key, value, f"choose {', '.join(first)} or {last}")
+
+
 def _check_int(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
     value = OmegaConf.select(cfg, key)
     if value is None and optional:
@@ -94,7 +111,7 @@ def _check_device(device: str) -> None:
         if index >= torch.cuda.device_count():
             _fail("device", device, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
         return
-    _fail("device", device, "choose one of: auto, cpu, cuda, cuda:N")
+    _fail("device", device, "choose one of: " + ", ".join(DEVICES))
 
 
 def _check_dataloader(cfg: DictConfig) -> None:
@@ -103,8 +120,7 @@ def _check_dataloader(cfg: DictConfig) -> None:
         isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
     ):
         _fail("dataloader.num_workers", workers, "expected an integer >= 0 or auto")
-    if cfg.dataloader.pin_memory not in ("auto", True, False):
-        _fail("dataloader.pin_memory", cfg.dataloader.pin_memory, "choose true, false or auto")
+    _check_switch(cfg, "dataloader.pin_memory", PIN_MEMORY)
     _check_int(cfg, "dataloader.prefetch_factor", 1, optional=True)
 
 
@@ -285,9 +301,6 @@ def _check_importable(key: str, target: Any, what: str) -> None:
     locate(key, target)
 
 
-TRAINER = "gearshift.trainer.Trainer"  # the base class every `trainer=` names a subclass of
-
-
 def _check_trainer(target: Any) -> None:
     """`trainer` names a subclass of Trainer. Checked by the names of its bases: the config
     layer sits below the trainer's and does not import it (a subclass's module has)."""
@@ -448,11 +461,9 @@ def check_config(cfg: DictConfig) -> None:
     _check_trainer(cfg.trainer)
     _check_choice(cfg, "amp.dtype", AMP_DTYPES)
     _check_choice(cfg, "compile.mode", COMPILE_MODES)
-    if cfg.compile.enabled not in (True, False, "auto"):
-        _fail("compile.enabled", cfg.compile.enabled, "choose true, false or auto")
+    _check_switch(cfg, "compile.enabled", COMPILE_ENABLED)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
-    if cfg.deterministic not in (True, False, "warn"):
-        _fail("deterministic", cfg.deterministic, "choose true, false or warn")
+    _check_switch(cfg, "deterministic", DETERMINISTIC)
     _check_logger(cfg)
     for key in ("accum", "epochs", "log_every_n_steps"):
         _check_int(cfg, key, 1)
