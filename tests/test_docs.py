@@ -88,3 +88,19 @@ def test_the_check_finds_a_missing_module():
     assert not listed("src/gearshift/data/tokens.py", entries)  # named nowhere
     assert not listed("src/gearshift/observe/sources.py", entries)  # another folder's
     assert not listed("src/gearshift/data/seam.py", {"src/gearshift/data/": "data/ myseam.py"})
+
+
+# A comment that cites a tip of docs/gears.md by its number alone: "# 18", "# 1, 4, 6",
+# "# 9, 10, 15-18", "# 11: against this machine".
+BARE_TIP = re.compile(r"#\s*\d+(\s*[,-]\s*\d+)*\s*(:|$)")
+
+
+def test_code_cites_tips_in_words():
+    # "# tip 13: accumulation", never a bare number a reader has to look up
+    bare = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")])
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if BARE_TIP.search(line)
+    ]
+    assert bare == []
