@@ -92,6 +92,24 @@ def fake_cpu_speed(monkeypatch, speed: float) -> None:
     monkeypatch.setattr(advisor, "cpu_speed", measured)  # imported by name there
 
 
+# What amp=on resolved to -> how its reason begins: measured on a CPU (bf16 always, fp16 where
+# the CPU reports native kernels), decided by the device's support on CUDA.
+AMP_ON_REASONS = {
+    "bfloat16": ("bf16: measured", "bf16: this GPU supports it"),
+    "float16": ("fp16: measured", "fp16 with a GradScaler: this GPU has no bf16"),
+    "off": ("float32: bf16 measured",),
+}
+
+
+def check_amp_on_resolved(gears: dict) -> None:
+    """summary.json's gears of an amp=on run whose probe was not faked (a subprocess): what
+    the CPU probe picks is a timing, which a busy machine changes, so no dtype is asserted,
+    only that the probe decided and the dtype, its reason and the GradScaler agree.
+    tests/test_gears.py fakes the probe for each outcome."""
+    assert gears["amp_reason"].startswith(AMP_ON_REASONS[gears["amp"]]), gears
+    assert gears["grad_scaler"] == (gears["amp"] == "float16"), gears
+
+
 def only_summary(cwd: Path) -> dict:
     """The summary.json of the one run folder under cwd/runs (asserting there is just one)."""
     found = list((cwd / "runs").glob("*/summary.json"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import CONF, make_cfg, run_train
@@ -49,11 +51,42 @@ def test_command_line_beats_experiment():
         ("compile.mode=fastest", "compile.mode='fastest' is not allowed; choose one of"),
         ("matmul_precision=low", "matmul_precision='low' is not allowed"),
         ("model._target_=no.such.Model", "model._target_='no.such.Model' is not allowed"),
+        ("optimizer.lr=inf", "optimizer.lr=inf is not allowed; expected a finite number > 0"),
+        ("optimizer.weight_decay=nan", "optimizer.weight_decay=nan is not allowed"),
+        ("optimizer.momentum=-1", "optimizer.momentum=-1.0 is not allowed; expected a number >= 0"),
+        (
+            "optimizer.momentum=0 optimizer.nesterov=true",
+            "optimizer.nesterov=True is not allowed; it needs optimizer.momentum > 0",
+        ),
+        (
+            "optimizer=adamw optimizer.betas=[0.9,1.0]",
+            "optimizer.betas=[0.9, 1.0] is not allowed; expected two numbers >= 0 and < 1",
+        ),
+        ("early_stop.min_delta=nan", "early_stop.min_delta=nan is not allowed"),
+        ("experiment=lm data.vocab_size=0", "data.vocab_size=0 is not allowed"),
+        ("experiment=lm data.successors=0", "data.successors=0 is not allowed"),
+        ("experiment=lm data.num_samples=0", "data.num_samples=0 is not allowed"),
+        (
+            "experiment=lm data.block_size=128 model.block_size=64",
+            "model.block_size=64 is not allowed; the data's windows are data.block_size=128 "
+            "tokens: expected >= 128",
+        ),
+        (
+            "experiment=lm model.vocab_size=10",
+            "model.vocab_size=10 is not allowed; the data has data.vocab_size=64 token ids: "
+            "expected >= 64",
+        ),
+        ("trainer=collections.OrderedDict", "trainer='collections.OrderedDict' is not allowed"),
     ],
 )
 def test_check_config_names_key_value_and_what_is_allowed(override, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
-        check_config(make_cfg(override))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_config(make_cfg(*override.split(), tiny=False))
+
+
+def test_a_subclass_of_trainer_is_allowed():
+    check_config(make_cfg("trainer=gearshift.trainer.Trainer"))
+    check_config(make_cfg("experiment=lm", tiny=False))
 
 
 BAD_INPUT = [
@@ -83,6 +116,21 @@ BAD_INPUT = [
         "data=imagefolder",
         "data.path=None is not allowed; data=imagefolder reads a folder: set data.path=/path/to/it",
     ),
+    # once a Hydra stack trace, exit 1 and a run folder: a reshape deep in the model, a
+    # function called as a Trainer, an IndexError in the optimizer
+    (
+        "experiment=lm data.block_size=0",
+        "data.block_size=0 is not allowed; expected an integer >= 1",
+    ),
+    (
+        "trainer=os.getcwd",
+        "trainer='os.getcwd' is not allowed; it must name a subclass of "
+        "gearshift.trainer.Trainer (module.Name)",
+    ),
+    (
+        "optimizer=adamw optimizer.betas=[0.9]",
+        "optimizer.betas=[0.9] is not allowed; expected two numbers >= 0 and < 1",
+    ),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append(
@@ -100,7 +148,7 @@ def test_bad_input_is_one_line_exit_2_before_any_run_folder(
     # what train.py runs first, in this process: a fresh `python train.py` per value costs 4 s
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exit:
-        preflight(CONF, argv=[override])
+        preflight(CONF, argv=override.split())
     assert exit.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
     assert list(tmp_path.iterdir()) == []
@@ -111,7 +159,7 @@ def test_bad_input_is_one_line_exit_2_before_any_run_folder(
     [BAD_INPUT[0], *(pytest.param(*case, marks=pytest.mark.slow) for case in BAD_INPUT[1:])],
 )
 def test_bad_input_is_one_line_nonzero_exit_and_no_run_folder(tmp_path, override, message):
-    result = run_train(override, cwd=tmp_path, timeout=120)
+    result = run_train(*override.split(), cwd=tmp_path, timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines == [f"error: {message}"], result.stderr

@@ -49,6 +49,19 @@ def test_prefetched_batches_stay_intact_while_later_copies_run():
     assert torch.equal(torch.cat(kept).cpu(), images)
 
 
+def test_prefetcher_copies_nested_inputs_and_marks_each_tensor():
+    # inputs as (numeric, {"categorical": ...}): record_stream on each tensor, not on the tuple
+    numeric, categorical = torch.randn(16, 3), torch.arange(32).view(16, 2)
+    batches = [((numeric[i : i + 8], {"categorical": categorical[i : i + 8]}), torch.arange(8))
+               for i in (0, 8)]  # fmt: skip
+    seen = list(CudaPrefetcher(batches, CUDA, torch.contiguous_format))
+    assert len(seen) == 2
+    for (got_numeric, got), _ in seen:
+        assert got_numeric.is_cuda and got["categorical"].is_cuda
+    assert torch.equal(torch.cat([n for (n, _), _ in seen]).cpu(), numeric)
+    assert torch.equal(torch.cat([c["categorical"] for (_, c), _ in seen]).cpu(), categorical)
+
+
 def test_fit_with_prefetch_from_host_data_on_cuda(tmp_path, monkeypatch):
     cfg = make_cfg(
         "device=cuda",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, only_summary, seconds
+from helpers import ROOT, check_amp_on_resolved, only_summary, seconds
 
 from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
 
@@ -101,7 +101,8 @@ def test_gears_train_the_example_and_its_summary_has_its_metrics_and_mfu(work):
     check_task_metrics(summary)
     assert summary["steps"] == 6 and summary["samples"] == 6 * 2 * 32
     gears = summary["gears"]
-    assert gears["accum"] == 2 and gears["amp"] in ("bfloat16", "float16")
+    assert gears["accum"] == 2
+    check_amp_on_resolved(gears)  # bf16 where this CPU measures it fast; never asserted
     # dataloader=tuned acted: auto workers (on a CPU only the cores compute leaves free)
     assert gears["num_workers_reason"].startswith("auto:") and gears["non_blocking"] is True
     assert gears["distributed"] == "none"

@@ -15,7 +15,8 @@ from torch import nn
 from gearshift.batch_finder import TensorMemory
 from gearshift.config import ConfigError, check_config
 from gearshift.data.device_transforms import DeviceTransforms
-from gearshift.data.prefetch import prefetch_to_device
+from gearshift.data.loading import to_device
+from gearshift.data.prefetch import batch_tensors, prefetch_to_device
 from gearshift.models import SimpleCNN
 from gearshift.models.checkpointing import CheckpointedSequential, apply_checkpointing
 from gearshift.trainer import fit
@@ -47,6 +48,19 @@ def test_prefetch_on_cpu_trains_exactly_as_without_it(tmp_path):
         assert torch.equal(a, b)
     assert off.summary["final_loss"] == on.summary["final_loss"]
     assert on.summary["gears"]["prefetch_to_device"] is False  # nothing to overlap on a CPU
+
+
+def test_the_prefetcher_finds_every_tensor_of_nested_inputs():
+    # CudaPrefetcher marks each tensor batch_tensors finds in the batch to_device copied
+    # (record_stream); the same copy and walk on a CPU, where the copy is the tensor itself
+    numeric, categorical, mask = torch.randn(4, 3), torch.arange(8).view(4, 2), torch.ones(4)
+    targets = torch.arange(4)
+    batch = ((numeric, {"categorical": categorical, "extra": [mask, 7]}), targets)
+    found = batch_tensors(to_device(batch, CPU, False, torch.contiguous_format))
+    assert len(found) == 4  # not the number 7, not the tuple or the dict
+    assert all(a is b for a, b in zip(found, (numeric, categorical, mask, targets), strict=True))
+    pair = batch_tensors((numeric, targets))
+    assert len(pair) == 2 and pair[0] is numeric and pair[1] is targets
 
 
 # -- device transforms ----------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,23 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
+
+from gearshift.config.schema import (
+    AMP_DTYPES,
+    BACKENDS,
+    COMPILE_ENABLED,
+    COMPILE_MODES,
+    DETERMINISTIC,
+    DEVICES,
+    LOGGER_MODES,
+    MATMUL_PRECISIONS,
+    ON_NONFINITE,
+    OPTIMIZERS,
+    PIN_MEMORY,
+    SCHEDULES,
+    STRATEGIES,
+    TRAINER,
+)
 
 
 class ConfigError(ValueError):
@@ -35,15 +53,6 @@ class DataError(ConfigError):
         return self
 
 
-AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-MATMUL_PRECISIONS = ("highest", "high", "medium")
-OPTIMIZERS = ("sgd", "adamw")
-SCHEDULES = ("constant", "cosine")
-LOGGER_MODES = ("auto", "online", "offline", "disabled")
-STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
-BACKENDS = ("auto", "nccl", "gloo")
-ON_NONFINITE = ("stop", "skip")
 # The built-in data sources by their _target_, with the names their conf/data files have;
 # their values are checked here, before any run folder exists. A source of your own is
 # checked by its own code when it builds the datasets.
@@ -53,8 +62,10 @@ SOURCES = {
     "gearshift.data.images.image_folder": "imagefolder",
     "gearshift.data.images.cifar10": "cifar10",
 }
-# Sources whose files another config module checks (config/token_files.py), by _target_.
+# Sources with a check of their own, by _target_: data=synthetic_tokens's below, data=tokens's
+# in config/token_files.py (it reads the files).
 SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
+# The image sources' keys: their nodes are conf/data/*.yaml, not a schema dataclass.
 CHECK_IMAGES = ("header", "decode", "off")
 BATCH_DTYPES = ("uint8", "float32")  # data/images.py host_transform
 DECODERS = ("auto", "pil", "torchvision", "simplejpeg")  # data/decode.py
@@ -85,6 +96,14 @@ def _check_choice(cfg: DictConfig, key: str, choices: tuple[str, ...], prefix: s
         _fail(prefix + key, value, "choose one of: " + ", ".join(choices))
 
 
+def _check_switch(cfg: DictConfig, key: str, choices: tuple[bool | str, ...]) -> None:
+    """A key that is true, false or a word: "choose true, false or auto"."""
+    value = OmegaConf.select(cfg, key)
+    if value not in choices:
+        *first, last = (str(c).lower() if isinstance(c, bool) else c for c in choices)
+        _fail(key, value, f"choose {', '.join(first)} or {last}")
+
+
 def _check_int(cfg: DictConfig, key: str, minimum: int, optional: bool = False) -> None:
     value = OmegaConf.select(cfg, key)
     if value is None and optional:
@@ -106,7 +125,7 @@ def _check_device(device: str) -> None:
         if index >= torch.cuda.device_count():
             _fail("device", device, f"this machine has {torch.cuda.device_count()} CUDA device(s)")
         return
-    _fail("device", device, "choose one of: auto, cpu, cuda, cuda:N")
+    _fail("device", device, "choose one of: " + ", ".join(DEVICES))
 
 
 def _check_dataloader(cfg: DictConfig) -> None:
@@ -115,8 +134,7 @@ def _check_dataloader(cfg: DictConfig) -> None:
         isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
     ):
         _fail("dataloader.num_workers", workers, "expected an integer >= 0 or auto")
-    if cfg.dataloader.pin_memory not in ("auto", True, False):
-        _fail("dataloader.pin_memory", cfg.dataloader.pin_memory, "choose true, false or auto")
+    _check_switch(cfg, "dataloader.pin_memory", PIN_MEMORY)
     _check_int(cfg, "dataloader.prefetch_factor", 1, optional=True)
 
 
@@ -254,10 +272,20 @@ def _check_normalisation(data: DictConfig) -> None:
 def _check_optimizer(cfg: DictConfig) -> None:
     _check_choice(cfg, "optimizer.name", OPTIMIZERS)
     _check_choice(cfg, "optimizer.schedule", SCHEDULES)
-    if not cfg.optimizer.lr > 0:
-        _fail("optimizer.lr", cfg.optimizer.lr, "expected a number > 0")
-    if cfg.optimizer.weight_decay < 0:
-        _fail("optimizer.weight_decay", cfg.optimizer.weight_decay, "expected a number >= 0")
+    optimizer = cfg.optimizer
+    if not optimizer.lr > 0:
+        _fail("optimizer.lr", optimizer.lr, "expected a number > 0")
+    if math.isinf(optimizer.lr):
+        _fail("optimizer.lr", optimizer.lr, "expected a finite number > 0")
+    if not optimizer.weight_decay >= 0:  # NaN too
+        _fail("optimizer.weight_decay", optimizer.weight_decay, "expected a number >= 0")
+    if not optimizer.momentum >= 0:
+        _fail("optimizer.momentum", optimizer.momentum, "expected a number >= 0")
+    if optimizer.nesterov and not optimizer.momentum > 0:
+        _fail("optimizer.nesterov", True, "it needs optimizer.momentum > 0")
+    betas = list(optimizer.betas)
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        _fail("optimizer.betas", betas, "expected two numbers >= 0 and < 1")
     _check_int(cfg, "optimizer.lr_warmup_steps", 0)
     clip = cfg.optimizer.clip_grad_norm
     if clip is not None and not clip > 0:
@@ -285,6 +313,16 @@ def _check_importable(key: str, target: Any, what: str) -> None:
     if not target:
         _fail(key, target, f"name the {what} to build")
     locate(key, target)
+
+
+def _check_trainer(target: Any) -> None:
+    """`trainer` names a subclass of Trainer. Checked by the names of its bases: the config
+    layer sits below the trainer's and does not import it (a subclass's module has)."""
+    _check_importable("trainer", target, "Trainer class")
+    found = locate("trainer", target)
+    bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
+    if not isinstance(found, type) or TRAINER not in bases:
+        _fail("trainer", target, f"it must name a subclass of {TRAINER} (module.Name)")
 
 
 def _check_batch_size(cfg: DictConfig) -> None:
@@ -357,7 +395,7 @@ def _check_ema_and_early_stop(cfg: DictConfig) -> None:
     _check_int(cfg, "ema.every_n_steps", 1)
     _check_int(cfg, "ema.start_step", 0)
     _check_int(cfg, "early_stop.patience", 1, optional=True)
-    if cfg.early_stop.min_delta < 0:
+    if not cfg.early_stop.min_delta >= 0:  # NaN too
         _fail("early_stop.min_delta", cfg.early_stop.min_delta, "expected a number >= 0")
 
 
@@ -407,18 +445,39 @@ def _check_resolves(cfg: DictConfig, group: str) -> None:
             _fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
 
 
+def _check_synthetic_tokens(cfg: DictConfig) -> None:
+    """data=synthetic_tokens: windows of data.block_size tokens below data.vocab_size."""
+    _check_int(cfg, "data.num_samples", 1)
+    _check_int(cfg, "data.num_val_samples", 0)
+    for key in ("data.block_size", "data.vocab_size", "data.successors"):
+        _check_int(cfg, key, 1)
+
+
+SOURCE_CHECKS["gearshift.data.tokens.synthetic_tokens"] = _check_synthetic_tokens
+
+
+def _check_model_takes_tokens(cfg: DictConfig) -> None:
+    """Token data (its node has block_size and vocab_size) and a model that reads them (the
+    GPT): its context holds a whole window and its embedding every token id; else the
+    first step fails inside the model (a reshape or an index out of range)."""
+    data, model = cfg.data, cfg.model
+    for key, what in (("block_size", "the data's windows are"), ("vocab_size", "the data has")):
+        wanted, has = data.get(key), model.get(key)
+        if isinstance(wanted, int) and isinstance(has, int) and has < wanted:
+            unit = "tokens" if key == "block_size" else "token ids"
+            _fail(f"model.{key}", has, f"{what} data.{key}={wanted} {unit}: expected >= {wanted}")
+
+
 def check_config(cfg: DictConfig) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed."""
     for key, what in (("model", "model class or function"), ("task", "task class")):
         _check_importable(f"{key}._target_", OmegaConf.select(cfg, f"{key}._target_"), what)
-    _check_importable("trainer", cfg.trainer, "Trainer class")
+    _check_trainer(cfg.trainer)
     _check_choice(cfg, "amp.dtype", AMP_DTYPES)
     _check_choice(cfg, "compile.mode", COMPILE_MODES)
-    if cfg.compile.enabled not in (True, False, "auto"):
-        _fail("compile.enabled", cfg.compile.enabled, "choose true, false or auto")
+    _check_switch(cfg, "compile.enabled", COMPILE_ENABLED)
     _check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
-    if cfg.deterministic not in (True, False, "warn"):
-        _fail("deterministic", cfg.deterministic, "choose true, false or warn")
+    _check_switch(cfg, "deterministic", DETERMINISTIC)
     _check_logger(cfg)
     for key in ("accum", "epochs", "log_every_n_steps"):
         _check_int(cfg, key, 1)
@@ -437,6 +496,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_data(cfg)
     _check_resolves(cfg, "model")  # after the data's own checks: they name its files
     _check_resolves(cfg, "task")
+    _check_model_takes_tokens(cfg)
     _check_device_transforms(cfg)
     _check_optimizer(cfg)
     _check_device(cfg.device)

@@ -2,7 +2,8 @@
 
 The dataclasses are registered with Hydra's ConfigStore as `gearshift_schema`, the first
 entry of conf/config.yaml's defaults, so a wrong type fails while Hydra composes the
-config; `checks.py` then checks what types alone cannot express.
+config; `checks.py` then checks what types alone cannot express. A key with a fixed set of
+values has it defined here, beside its field, and `checks.py` reads it from here.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 
+AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
+
 
 @dataclass
 class AmpConfig:
-    dtype: str = "none"  # none | auto (bf16 where supported, else fp16) | bfloat16 | float16
+    dtype: str = "none"  # AMP_DTYPES; auto (amp=on): bf16 where it is fast, else fp16 or none
 
 
 @dataclass
@@ -26,10 +29,13 @@ class MemoryFormatConfig:
     channels_last: bool = False
 
 
+PIN_MEMORY = (True, False, "auto")
+
+
 @dataclass
 class DataLoaderConfig:
     num_workers: Any = 0  # int >= 0, or "auto": 4 per device, capped by the CPUs
-    pin_memory: Any = False  # bool, or "auto": on when training on CUDA
+    pin_memory: Any = False  # PIN_MEMORY; auto: on when training on CUDA
     persistent_workers: bool = False
     prefetch_factor: int | None = None
     non_blocking: bool = False
@@ -37,10 +43,14 @@ class DataLoaderConfig:
     prefetch_to_device: bool = False  # CUDA: copy the next batch on a side stream (prefetch.py)
 
 
+COMPILE_ENABLED = (True, False, "auto")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass
 class CompileConfig:
-    enabled: Any = False  # true | false | auto (on CUDA only: compiled models ran slower on CPUs)
-    mode: str = "default"
+    enabled: Any = False  # COMPILE_ENABLED; auto: on CUDA only (compiled models ran slower on CPUs)
+    mode: str = "default"  # COMPILE_MODES
     fullgraph: bool = False
     dynamic: bool | None = None
 
@@ -66,9 +76,13 @@ class BatchSizeFinderConfig:
     max_batch_size: int = 4096
 
 
+OPTIMIZERS = ("sgd", "adamw")
+SCHEDULES = ("constant", "cosine")
+
+
 @dataclass
 class OptimizerConfig:
-    name: str = "sgd"
+    name: str = "sgd"  # OPTIMIZERS
     lr: float = 0.05
     momentum: float = 0.9
     nesterov: bool = False
@@ -78,9 +92,12 @@ class OptimizerConfig:
     foreach: bool | None = None  # None: torch's default
     fused: bool = False
     set_to_none: bool = False
-    schedule: str = "cosine"  # constant | cosine
+    schedule: str = "cosine"  # SCHEDULES
     lr_warmup_steps: int = 0
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
+
+
+LOGGER_MODES = ("auto", "online", "offline", "disabled")
 
 
 @dataclass
@@ -93,17 +110,21 @@ class LoggerConfig:
     csv: bool = False  # <run folder>/metrics.csv: step,name,value rows
     project: str = "gearshift"
     entity: str | None = None
-    mode: str = "auto"  # auto (online with an API key, else offline) | online | offline | disabled
+    mode: str = "auto"  # LOGGER_MODES; auto: online with an API key, else offline
     group: str | None = None
     tags: list[str] = field(default_factory=list)
 
 
+STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
+BACKENDS = ("auto", "nccl", "gloo")
+
+
 @dataclass
 class DistributedConfig:
-    strategy: str = "auto"  # auto | none | ddp | dp | fsdp
+    strategy: str = "auto"  # STRATEGIES
     nproc_per_node: int = 1  # > 1: start that many ranks here (torch's elastic launcher)
     max_restarts: int = 0  # for the ranks started here: restarts after a rank fails
-    backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    backend: str = "auto"  # BACKENDS; auto: nccl on CUDA, gloo on CPU
     timeout_s: int = 300  # a collective waiting this long for a dead rank fails the job
     sync_batchnorm: bool = False
     bucket_cap_mb: int = 25
@@ -150,6 +171,13 @@ class ProfileConfig:
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
 
 
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the CUDA device N
+DETERMINISTIC = (True, False, "warn")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+ON_NONFINITE = ("stop", "skip")
+TRAINER = "gearshift.trainer.Trainer"  # the class every `trainer=` names, or a subclass of it
+
+
 @dataclass
 class Config:
     model: dict[str, Any] = MISSING  # instantiated through its _target_
@@ -175,15 +203,15 @@ class Config:
     max_steps: int | None = None  # when set, wins over epochs
     warmup_steps: int = 5  # optimizer steps left out of the throughput figures
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    device: str = "auto"  # DEVICES
     log_every_n_steps: int = 10
     val_every_n_steps: int | None = None  # None: validate once, at the end
     cudnn_benchmark: bool = False
-    deterministic: Any = False  # false | true | warn: deterministic kernels only (runtime.py)
-    matmul_precision: str = "highest"  # highest | high | medium
+    deterministic: Any = False  # DETERMINISTIC; true: deterministic kernels only (runtime.py)
+    matmul_precision: str = "highest"  # MATMUL_PRECISIONS
     progress_bar: bool = True
-    on_nonfinite: str = "stop"  # a NaN/inf loss: stop (exit 1) | skip (that step's update)
-    trainer: str = "gearshift.trainer.Trainer"  # a subclass of yours: mypackage.MyTrainer
+    on_nonfinite: str = "stop"  # ON_NONFINITE, for a NaN/inf loss: exit 1, or skip its update
+    trainer: str = TRAINER  # or a subclass of yours: mypackage.MyTrainer
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 PIL_MODES = {1: "L", 3: "RGB"}  # channels -> PIL's mode
-DECODER_CHOICES = ("auto", "pil", "torchvision", "simplejpeg")
 SAMPLE_FILES = 16  # JPEGs timed per decoder by data.decoder=auto
 
 

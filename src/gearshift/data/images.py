@@ -349,7 +349,7 @@ def read_cifar_batches(files: Sequence[Path]) -> tuple[torch.Tensor, torch.Tenso
             labels.append(np.asarray(batch["labels"], dtype=np.int64))
         except Exception as error:  # unpickling raises many kinds; all mean the same here
             raise ValueError(f"{file} is not a CIFAR-10 batch file ({error!r})") from error
-    # One array each: per-item indexing of these tensors copies nothing (tip 6).
+    # One array each: per-item indexing of these tensors copies nothing (tip 6: from_numpy).
     return torch.from_numpy(np.concatenate(images)), torch.from_numpy(np.concatenate(labels))
 
 

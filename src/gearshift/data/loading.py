@@ -1,4 +1,5 @@
-"""The loaders that feed any source's datasets (tips 2, 3, 4, 6, 7 of docs/gears.md).
+"""The loaders that feed any source's datasets (docs/gears.md: tip 2 workers,
+tip 3 pinned memory, tip 4 tensors on the device, tip 6 from_numpy, tip 7 non-blocking copies).
 
 Every source yields `(inputs, targets)` samples. On the host they are served by a
 DataLoader with the `dataloader` group's gears; a source made on the device

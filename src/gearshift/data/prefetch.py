@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from omegaconf import DictConfig
+from torch.utils._pytree import tree_leaves
 
 from gearshift.data.loading import Batch, to_device
 
@@ -28,6 +29,12 @@ def prefetch_active(cfg: DictConfig, device: torch.device) -> bool:
         and device.type == "cuda"
         and not cfg.data.get("on_device")
     )
+
+
+def batch_tensors(batch: Batch) -> list[torch.Tensor]:
+    """Every tensor of a batch at any depth: inputs and targets may be tensors or nested
+    tuples, lists and dicts of them, as `to_device` copies them."""
+    return [leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor)]
 
 
 class CudaPrefetcher:
@@ -57,7 +64,7 @@ class CudaPrefetcher:
         ahead = self._copy(next(source, None), side)
         while ahead is not None:
             compute.wait_stream(side)  # the batch's copy is done before compute reads it
-            for tensor in ahead:
+            for tensor in batch_tensors(ahead):
                 tensor.record_stream(compute)  # its memory is in use on compute, too
             batch = ahead
             ahead = self._copy(next(source, None), side)  # overlaps the compute on `batch`

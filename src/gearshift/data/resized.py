@@ -1,6 +1,6 @@
-"""Staged resized copies (tip 1, further): every image a run reads, decoded once, stored on
-local disk already at the training size, so an epoch's decoding follows the training size
-and not the source's.
+"""Staged resized copies (tip 1, fast local disk, taken further): every image a run reads,
+decoded once, stored on local disk already at the training size, so an epoch's decoding
+follows the training size and not the source's.
 
 `data.stage_to=DIR data.stage_format=jpeg` stores the centre square of each image (the
 region training keeps) at STAGE_SCALE x `data.image_size` as a JPEG of

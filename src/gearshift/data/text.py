@@ -68,7 +68,7 @@ class Gpt2Tokenizer:
                 f"--tokenizer gpt2: tiktoken could not load GPT-2's vocabulary "
                 f"({type(error).__name__}: {first}); it downloads it once, then caches it"
             ) from None
-        self.vocab_size = self.encoding.n_vocab  # 50257
+        self.vocab_size = self.encoding.n_vocab  # GPT-2's 50257
 
     def encode(self, text: str) -> np.ndarray:
         return np.asarray(self.encoding.encode_ordinary(text), dtype=np.int64)

@@ -1,5 +1,5 @@
 """Process-wide set-up: the device, seeds, determinism, backend switches (docs/gears.md:
-tip 15, TF32, deterministic)."""
+tip 15 cudnn.benchmark, TF32, deterministic)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,106 @@
+"""The docs name every module and script: README's "Layout" and docs/architecture.md's tables.
+
+A module added without a line in both fails here, so the maps a reader starts from cannot
+fall behind the code.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from helpers import ROOT
+
+PACKAGE = "src/gearshift/"
+
+
+def documented_files() -> list[str]:
+    """Every module under src/ (package __init__ files aside) and every script, relative to
+    the repository."""
+    modules = [p for p in (ROOT / "src").rglob("*.py") if p.name != "__init__.py"]
+    scripts = [p for p in (ROOT / "scripts").rglob("*") if p.is_file()]
+    return sorted(
+        str(p.relative_to(ROOT)) for p in modules + scripts if "__pycache__" not in p.parts
+    )
+
+
+def named_in(text: str, name: str) -> bool:
+    """`name` (a file or a/path.py) as a whole name in `text`, not as part of a longer one."""
+    return re.search(rf"(?<![\w/.]){re.escape(name)}(?![\w/])", text) is not None
+
+
+def listed(path: str, entries: dict[str, str]) -> bool:
+    """Whether `path` has an entry of its own or is named in the entry of a folder above it."""
+    return path in entries or any(
+        folder.endswith("/") and path.startswith(folder) and named_in(text, path[len(folder) :])
+        for folder, text in entries.items()
+    )
+
+
+def readme_layout() -> dict[str, str]:
+    """README "Layout": {path: its text} per entry. An entry starts at column 0 (a path from
+    the repository's root) or 2 (one inside the last folder at column 0); deeper lines
+    continue the entry above."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("\n## Layout\n", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    top = path = ""
+    for line in block.splitlines()[1:]:
+        indent = len(line) - len(line.lstrip())
+        if not line.strip():
+            continue
+        if indent >= 4:
+            entries[path] += "\n" + line
+            continue
+        name = line.split()[0]
+        path = name if indent == 0 else top + name
+        top = name if indent == 0 else top
+        entries[path] = line
+    return entries
+
+
+def architecture_tables() -> dict[str, str]:
+    """docs/architecture.md's "Packages and layers" rows: {path: the row}. A first cell
+    inside src/gearshift/ is relative to it; any other starts at the repository's root."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Packages and layers\n", 1)[1].split("\n## ", 1)[0]
+    entries = {}
+    for line in section.splitlines():
+        if match := re.match(r"^\| `([^`]+)` \|", line):
+            cell = match[1]
+            entries[cell if cell.startswith(("src/", "scripts/")) else PACKAGE + cell] = line
+    return entries
+
+
+@pytest.mark.parametrize(
+    ("where", "entries"),
+    [("README.md Layout", readme_layout), ("docs/architecture.md", architecture_tables)],
+)
+def test_every_module_and_script_is_in_the_docs(where, entries):
+    found = entries()
+    missing = [path for path in documented_files() if not listed(path, found)]
+    assert missing == [], f"not in {where}: {missing}"
+
+
+def test_the_check_finds_a_missing_module():
+    entries = {"src/gearshift/data/": "  data/  sources.py the seam; text.py the tokenizers"}
+    assert listed("src/gearshift/data/sources.py", entries)
+    assert not listed("src/gearshift/data/tokens.py", entries)  # named nowhere
+    assert not listed("src/gearshift/observe/sources.py", entries)  # another folder's
+    assert not listed("src/gearshift/data/seam.py", {"src/gearshift/data/": "data/ myseam.py"})
+
+
+# A comment that cites a tip of docs/gears.md by its number alone: "# 18", "# 1, 4, 6",
+# "# 9, 10, 15-18", "# 11: against this machine".
+BARE_TIP = re.compile(r"#\s*\d+(\s*[,-]\s*\d+)*\s*(:|$)")
+
+
+def test_code_cites_tips_in_words():
+    # "# tip 13: accumulation", never a bare number a reader has to look up
+    bare = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sorted([*(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").rglob("*.py")])
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if BARE_TIP.search(line)
+    ]
+    assert bare == []
