@@ -13,12 +13,15 @@ from helpers import ROOT, ForwardRecorder, make_cfg
 from torch import nn
 
 from gearshift.batch_finder import TensorMemory
+from gearshift.build import build_data
 from gearshift.config import ConfigError, check_config
 from gearshift.data.device_transforms import DeviceTransforms
-from gearshift.data.loading import to_device
-from gearshift.data.prefetch import batch_tensors, prefetch_to_device
+from gearshift.data.loading import LoaderBatches, to_device
+from gearshift.data.prefetch import batch_tensors
+from gearshift.data.sources import build_datasets
 from gearshift.models import SimpleCNN
 from gearshift.models.checkpointing import CheckpointedSequential, apply_checkpointing
+from gearshift.parallel.distributed import Ranks
 from gearshift.trainer import fit
 
 CPU = torch.device("cpu")
@@ -27,9 +30,11 @@ CPU = torch.device("cpu")
 
 
 def test_prefetch_on_cpu_passes_the_batches_through_untouched():
-    batches = [(torch.randn(2, 3, 4, 4), torch.tensor([0, 1]))]
     cfg = make_cfg("data.on_device=false", "dataloader.prefetch_to_device=true")
-    assert prefetch_to_device(batches, cfg, CPU, torch.contiguous_format) is batches
+    train_set, val_set = build_datasets(cfg.data, CPU)
+    train, val, gears = build_data(cfg, train_set, val_set, CPU, Ranks(), torch.contiguous_format)
+    assert isinstance(train, LoaderBatches) and isinstance(val, LoaderBatches)
+    assert gears["prefetch_to_device"] is False
 
 
 def test_prefetch_on_cpu_trains_exactly_as_without_it(tmp_path):

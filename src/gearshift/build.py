@@ -23,7 +23,7 @@ from torch import nn
 from gearshift.batch_finder import BatchSizeChoice, resolve_batch_size
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_batches, loader_settings, to_device
-from gearshift.data.prefetch import CudaPrefetcher
+from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
 from gearshift.data.sources import build_datasets
 from gearshift.engine.ema import EMA, build_ema
 from gearshift.engine.optim import build_optimizer, build_schedule
@@ -221,7 +221,7 @@ def build_data(
     train, val = build_batches(
         cfg, train_set, val_set, on_device, device, ranks.rank, ranks.world_size, settings
     )
-    prefetch = bool(dl.prefetch_to_device and device.type == "cuda" and not on_device)
+    prefetch = prefetch_active(cfg, device)
     if prefetch:  # tip 7: the next batch's copy on a side stream
         train = CudaPrefetcher(train, device, memory_format)
         val = None if val is None else CudaPrefetcher(val, device, memory_format)

@@ -69,15 +69,3 @@ class CudaPrefetcher:
             batch = ahead
             ahead = self._copy(next(source, None), side)  # overlaps the compute on `batch`
             yield batch
-
-
-def prefetch_to_device(
-    batches: Iterable[Batch] | None,
-    cfg: DictConfig,
-    device: torch.device,
-    memory_format: torch.memory_format,
-) -> Iterable[Batch] | None:
-    """`batches` through a CudaPrefetcher when the gear acts, else `batches` itself."""
-    if batches is None or not prefetch_active(cfg, device):
-        return batches
-    return CudaPrefetcher(batches, device, memory_format)
