@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from gearshift.config.schema import DeviceTransformsConfig
+
 _BATCH_SEED_STRIDE = 1_000_003  # a prime: (seed, batch) pairs map to distinct seeds
 
 
@@ -65,7 +67,7 @@ class Stage:
 class DeviceTransforms:
     def __init__(
         self,
-        cfg: Any,
+        cfg: DeviceTransformsConfig,
         device: torch.device,
         memory_format: torch.memory_format,
         seed: int,
@@ -80,7 +82,7 @@ class DeviceTransforms:
         self.batches = 0  # training batches transformed so far
 
     @staticmethod
-    def describe(cfg: Any) -> str:
+    def describe(cfg: DeviceTransformsConfig) -> str:
         """The switched-on transforms, for the summary's gears: e.g. "normalize+hflip+crop4"."""
         parts = [
             *(["normalize"] if cfg.normalize else []),

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from gearshift.config import ConfigError
+from gearshift.config.schema import DataLoaderConfig
 from gearshift.data.gpu_decode import DeviceDecodedBatches, decoded_on_device
 from gearshift.data.synthetic import TensorPairs
 
@@ -208,7 +209,7 @@ class LoaderSettings:
     pin_memory: bool
 
 
-def loader_settings(dl: DictConfig, device: torch.device, on_device: bool) -> LoaderSettings:
+def loader_settings(dl: DataLoaderConfig, device: torch.device, on_device: bool) -> LoaderSettings:
     """The `dataloader` node against this machine; data made on the device has no loader."""
     if on_device:
         return LoaderSettings(0, "data.on_device=true: no loader", False)

@@ -16,8 +16,9 @@ import logging
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
+
+from gearshift.config.schema import EmaConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class EMA:
         self.model.load_state_dict(state)
 
 
-def build_ema(cfg: DictConfig, model: nn.Module) -> EMA | None:
+def build_ema(cfg: EmaConfig, model: nn.Module) -> EMA | None:
     """The average `cfg` (the `ema` node) asks for, or None with `ema.decay=null`."""
     if cfg.decay is None:
         return None

@@ -6,12 +6,13 @@ import math
 from collections.abc import Iterable
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from gearshift.config.schema import OptimizerConfig
 
-def build_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
+
+def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     # fused: one kernel for the whole update; foreach: one kernel per op across all tensors.
     common = {
         "lr": cfg.lr,
@@ -63,7 +64,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, cfg: DictConfig, total_steps: int
+    optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler | None:
     """Linear warm-up, then cosine decay to zero at `total_steps`; None for a constant lr."""
     if cfg.schedule == "constant" and cfg.lr_warmup_steps == 0:

@@ -12,6 +12,7 @@ from torch import nn
 
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
+from gearshift.config.schema import CompileConfig
 from gearshift.models.checkpointing import apply_checkpointing
 
 
@@ -42,7 +43,7 @@ def resolve_compile(choice: bool | str, device: torch.device) -> tuple[bool, str
     return False, f"auto: off on {device.type} (compiled models ran ~0.8x eager on CPUs)"
 
 
-def compile_model(model: nn.Module, cfg: DictConfig) -> nn.Module:
+def compile_model(model: nn.Module, cfg: CompileConfig) -> nn.Module:
     """Tip 8: torch.compile fuses pointwise ops and cuts Python overhead (`cfg`: the
     compile node)."""
     return torch.compile(model, mode=cfg.mode, fullgraph=cfg.fullgraph, dynamic=cfg.dynamic)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from omegaconf import DictConfig
+from gearshift.config.schema import LoggerConfig
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Backend(NullLogger):
 class WandbLogger(Backend):
     label = "W&B"
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, config: dict, name: str | None) -> None:
+    def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict, name: str | None) -> None:
         self.run = None
         mode = self.mode = wandb_mode(cfg.mode)
 
@@ -244,7 +244,7 @@ class Loggers(NullLogger):
 
 
 def build_logger(
-    cfg: DictConfig, run_dir: Path, config: dict, name: str | None, start_step: int = 0
+    cfg: LoggerConfig, run_dir: Path, config: dict, name: str | None, start_step: int = 0
 ) -> NullLogger:
     """The backends `cfg` (the logger node) selects; `start_step`: the step a resumed run
     continues from (0 for a new one)."""

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from gearshift.config.schema import ProfileConfig
 from gearshift.observe.loggers import NullLogger
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ class OpRow:
 class Profiler:
     def __init__(
         self,
-        cfg: DictConfig,
+        cfg: ProfileConfig,
         device: torch.device,
         run_dir: Path,
         warmup_steps: int,

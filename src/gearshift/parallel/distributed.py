@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
 from torch import nn
+
+from gearshift.config.schema import DistributedConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def resolve_strategy(choice: str, ranks: Ranks) -> str:
     return choice
 
 
-def init_process_group(ranks: Ranks, device: torch.device, cfg: DictConfig) -> None:
+def init_process_group(ranks: Ranks, device: torch.device, cfg: DistributedConfig) -> None:
     backend = (
         cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
     )
@@ -158,7 +159,7 @@ def wrap_model(
     model: nn.Module,
     strategy: str,
     device: torch.device,
-    cfg: DictConfig,
+    cfg: DistributedConfig,
     blocks: Sequence[nn.Module] = (),
 ) -> nn.Module:
     """The module the loop trains through; `model` itself stays the plain, unwrapped one.

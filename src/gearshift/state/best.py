@@ -12,9 +12,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from omegaconf import DictConfig
-
 from gearshift.config import ConfigError
+from gearshift.config.schema import EarlyStopConfig
 from gearshift.tasks import Task
 
 
@@ -66,7 +65,7 @@ class BestTracker:
         }
 
 
-def build_tracker(task: Task, cfg: DictConfig) -> BestTracker:
+def build_tracker(task: Task, cfg: EarlyStopConfig) -> BestTracker:
     """The tracker of `task`'s monitor metric with the `early_stop` node's settings."""
     name = f"{type(task).__module__}.{type(task).__qualname__}"
     if task.mode not in ("min", "max"):

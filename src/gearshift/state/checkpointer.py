@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gearshift.config.schema import CheckpointConfig
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint import (
     BEST,
@@ -207,7 +208,7 @@ class Checkpointer:
         ranks: Ranks,
         config: dict[str, Any],
         decisions: dict[str, Any],
-        cfg: Any,
+        cfg: CheckpointConfig,
         sharded: bool = False,
     ) -> None:
         """`cfg`: the checkpoint node (every_n_steps, at_end, keep)."""
