@@ -63,7 +63,10 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, source
         fit(make_cfg(*gears), run_dir)
     assert stopped.value.step == 11 and stopped.value.signum == signum
     saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
-    assert saved["position"] == {"step": 11, "epoch": 1, "batch": 6, "samples": 11 * 32}
+    # 6 batches of epoch 1 taken: its data position is 6 x 16 samples
+    assert saved["position"] == {
+        "step": 11, "epoch": 1, "epoch_samples": 6 * 16, "samples": 11 * 32, "global_batch": 16
+    }  # fmt: skip
     assert not (run_dir / "summary.json").exists()  # no summary for an unfinished run
 
     resumed = fit(make_cfg(*gears, "resume=auto"), run_dir)
@@ -90,7 +93,9 @@ def test_the_gpt_stopped_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_
         fit(make_cfg(*gears, tiny=False), run_dir)
     assert stopped.value.step == 6
     saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
-    assert saved["position"] == {"step": 6, "epoch": 1, "batch": 4, "samples": 6 * 32}
+    assert saved["position"] == {
+        "step": 6, "epoch": 1, "epoch_samples": 4 * 16, "samples": 6 * 32, "global_batch": 16
+    }  # fmt: skip
 
     resumed = fit(make_cfg(*gears, "resume=auto", tiny=False), run_dir)
     assert_same_parameters(resumed.model, whole.model)

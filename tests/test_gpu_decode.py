@@ -187,7 +187,7 @@ def test_starting_mid_epoch_yields_the_rest_of_that_epoch(tmp_path):
     train, _ = build_data(jpeg_cfg(tmp_path, "gpu", "data.val_fraction=0"), CPU)
     train.set_epoch(1)
     whole = list(train)
-    train.set_epoch(1, start_batch=2)
+    train.set_epoch(1, start=2 * 6)  # after two batches of 6
     rest = list(train)
     assert len(whole) == 4 and len(rest) == 2
     for (a, la), (b, lb) in zip(whole[2:], rest, strict=True):
@@ -211,7 +211,7 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     with SignalAtStep(3, signal.SIGTERM), pytest.raises(TrainingStopped):
         fit(jpeg_cfg(tmp_path / "images", "gpu", *gears), stopped_dir)
     saved = load_checkpoint(latest_checkpoint(stopped_dir / "checkpoints"))
-    assert saved["position"]["epoch"] == 1 and saved["position"]["batch"] == 1  # mid-epoch
+    assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 6  # mid-epoch
     resumed = fit(jpeg_cfg(tmp_path / "images", "gpu", *gears, "resume=auto"), stopped_dir)
     assert_same_parameters(resumed.model, whole.model)  # same batches, same augmentation
 

@@ -279,7 +279,7 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, readin
     with SignalAtStep(4, signal.SIGTERM), pytest.raises(TrainingStopped):
         fit(folder_cfg(tmp_path / "images", *gears), stopped_dir)
     saved = load_checkpoint(latest_checkpoint(stopped_dir / "checkpoints"))
-    assert saved["position"]["epoch"] == 1 and saved["position"]["batch"] == 1  # mid-epoch
+    assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 8  # mid-epoch
     resumed = fit(folder_cfg(tmp_path / "images", *gears, "resume=auto"), stopped_dir)
     assert_same_parameters(resumed.model, whole.model)
 
@@ -307,7 +307,8 @@ def test_a_damaged_file_found_mid_epoch_is_named_after_a_checkpoint(tmp_path, re
     )  # fmt: skip
     checkpoint = stops_at_damaged_file(cfg, run_dir(tmp_path), damaged)
     position = load_checkpoint(checkpoint)["position"]
-    assert position["batch"] % 2 == 0  # at an optimizer step: no accumulation window cut short
+    # at an optimizer step (2 batches of 8): no accumulation window cut short
+    assert position["epoch_samples"] % (2 * 8) == 0
 
 
 def test_a_damaged_file_mid_epoch_ends_the_command_with_one_line(tmp_path):

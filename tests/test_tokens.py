@@ -352,7 +352,7 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     with SignalAtStep(10), pytest.raises(TrainingStopped):
         fit(tokens_cfg(folder, *gears), run_dir)
     saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
-    assert saved["position"]["epoch"] == 1 and saved["position"]["batch"] == 6  # mid-epoch
+    assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 6 * 16
     resumed = fit(tokens_cfg(folder, *gears, "resume=auto"), run_dir)
     assert_same_parameters(resumed.model, whole.model)
     assert resumed.summary["val_loss"] == whole.summary["val_loss"]
@@ -382,7 +382,7 @@ def test_loader_workers_serve_the_same_batches(tmp_path):
     plain, _ = build_data(tokens_cfg(folder, "dataloader.drop_last=true"), CPU)  # as tuned
     workers, _ = build_data(tokens_cfg(folder, "dataloader=tuned", "dataloader.num_workers=2"), CPU)
     for batches in (plain, workers):
-        batches.set_epoch(1, start_batch=2)
+        batches.set_epoch(1, start=2 * 16)  # after two batches of 16
     for (a, b), (c, d) in zip(plain, workers, strict=True):
         assert torch.equal(a, c) and torch.equal(b, d)
 

@@ -43,11 +43,11 @@ from gearshift.state.checkpointer import (
     Checkpointer,
     ModelState,
     OptimizerState,
-    Position,
     RngState,
     Saved,
     read_resume,
 )
+from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ def build_run(
     best = build_tracker(parts.task, cfg.early_stop)  # best.pt, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
         log.warning("early_stop.patience: no validation data to judge by; it stays off")
-    position = Position(batches_per_epoch=batches_per_epoch)
+    position = Position(global_batch=cfg.batch_size * ranks.world_size)
     sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
     config = OmegaConf.to_container(cfg, resolve=True)
     amp = {"dtype": parts.gears["amp"], "reason": parts.gears["amp_reason"]}  # amp=on's, kept
@@ -286,7 +286,10 @@ def build_run(
         checkpointer.register(name, part)
     if saved is not None:
         checkpointer.restore(saved)
-        parts.transforms.start_at(position.epoch * batches_per_epoch + position.batch)
+        batches = (
+            position.epoch * batches_per_epoch + position.epoch_samples // position.global_batch
+        )
+        parts.transforms.start_at(batches)  # per-batch random draws continue where they were
     profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
     meter = PerfMeter(device, cfg.warmup_steps)
     meter.leave_out(profiler.window)  # the profiled steps run slower

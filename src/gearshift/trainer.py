@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from torch import nn
 from gearshift.build import build_run
 from gearshift.config import DataError
 from gearshift.config.checks import locate
+from gearshift.engine.accumulation import Window
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import clip_grad_norm
 from gearshift.engine.runtime import resolve_device
@@ -105,6 +106,8 @@ class Trainer:
         self.clip_grad_norm = cfg.optimizer.clip_grad_norm
         self.log_every, self.warmup_steps = cfg.log_every_n_steps, cfg.warmup_steps
         self.val_every, self.total_steps = cfg.val_every_n_steps, run.total_steps
+        self.max_steps = cfg.max_steps or math.inf  # wins over epochs
+        self.epochs = math.inf if cfg.max_steps else cfg.epochs
         self.grad_norm: torch.Tensor | None = None  # the last one measured, on the device
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
@@ -113,10 +116,8 @@ class Trainer:
         self.stop_agreed = False  # several ranks stop together, deciding at a log step
         self.logger: NullLogger = NullLogger()
 
-    # ------------------------------------------------------------------ the loop
-
     def fit(self) -> RunResult:
-        p, run = self.position, self.run
+        p, run, summary = self.position, self.run, None
         if (done := finished_summary(self.run_dir, self.finished, self.total_steps)) is not None:
             return RunResult(self.model, self.optimizer, done, Interval())
         if self.ranks.is_zero:
@@ -124,17 +125,15 @@ class Trainer:
                 self.cfg.logger, self.run_dir, self.checkpointer.config, self.run_name, p.step
             )
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
-        summary = None
         try:
             with self.progress, StopRequest() as self.stop:
                 self.bar = self.progress.add_task(
-                    "train", total=self.total_steps, samples_per_sec=0.0, loss=float("nan")
-                )
-                self.progress.update(self.bar, completed=p.step)
+                    "train", total=self.total_steps, completed=p.step, samples_per_sec=0.0, loss=math.nan
+                )  # fmt: skip
                 self.meter.resume()
                 self.profiler.begin()
-                for micro_batches in self.windows():
-                    self.train_step(micro_batches)
+                for window in self.windows():
+                    self.train_step(window)
                     self.profiler.after_step(p.step)
                     if self.logs_at(p.step):
                         self.log(self.log_point())
@@ -158,32 +157,34 @@ class Trainer:
             self.logger.finish(summary)
         return RunResult(self.model, self.optimizer, summary, self.meter.steady_state())
 
-    def windows(self) -> Iterator[Iterator[Any]]:
+    def windows(self) -> Iterator[Window]:
         """The micro-batches of each optimizer step, epoch after epoch, until the last step
         or an early stop (tip 13: accumulation windows of `accum` batches; an epoch's last
         window may be shorter)."""
-        p, per_epoch = self.position, len(self.train_batches)
+        p = self.position
         while not self.finished:
-            self.train_batches.set_epoch(p.epoch, p.batch)
+            self.train_batches.set_epoch(p.epoch, p.epoch_start)  # state/position.py
+            p.epoch_batches = len(self.train_batches)  # this rank's, to the epoch's end
             batches = self.meter.timed(self.train_batches)  # the data wait of each batch
-            while p.batch < per_epoch and not self.finished:
-                yield islice(batches, min(self.accum, per_epoch - p.batch))
-            if p.batch == per_epoch:
-                p.epoch, p.batch = p.epoch + 1, 0
+            while p.batch < p.epoch_batches and not self.finished:
+                yield Window(batches, min(self.accum, p.epoch_batches - p.batch))
+            if p.batch >= p.epoch_batches:
+                p.next_epoch()
 
     @property
     def finished(self) -> bool:
-        """The last step is done, or early stopping ended the run."""
-        return self.position.step >= self.total_steps or self.best.should_stop
+        """The last step or epoch is done, or early stopping ended the run. (Epochs count on
+        their own: a run resumed with another batch size takes other steps per epoch.)"""
+        p = self.position
+        epochs = p.epoch + p.epoch_done
+        return p.step >= self.max_steps or epochs >= self.epochs or self.best.should_stop
 
-    def train_step(self, micro_batches: Iterable[Any]) -> None:
+    def train_step(self, window: Window) -> None:
         """One optimizer step: forward and backward over the window's micro-batches, the
         gradients all-reduced once (on the last), clipped, then the update."""
-        p = self.position
-        window = min(self.accum, len(self.train_batches) - p.batch)
-        samples = 0
-        for i, batch in enumerate(micro_batches):
-            samples += self.forward_backward(batch, window, sync=i == window - 1)
+        p, samples = self.position, 0
+        for i, batch in enumerate(window):
+            samples += self.forward_backward(batch, len(window), sync=i == len(window) - 1)
             p.batch += 1
         if self.losses.update_allowed():  # on_nonfinite=skip: False for a NaN/inf loss
             if self.clip_grad_norm is not None or self.logs_at(p.step + 1):  # else no norm needed
@@ -336,7 +337,7 @@ class Trainer:
             **token_summary(summary, self.task.tokens_per_sample),
             "batch_size_finder": run.batch_choice.as_dict() if run.batch_choice else None,
             "advice": [finding.as_dict() for finding in run.advice],
-            "stop_reason": "early_stop" if p.step < self.total_steps else "completed",
+            "stop_reason": "early_stop" if self.best.should_stop else "completed",
             "best": self.best.summary(self.checkpointer.best_path),
             "ema": None if self.ema is None else {"decay": self.ema.decay, **self.ema_val},
             "profile": self.profiler.finish(),

@@ -224,8 +224,8 @@ class DeviceDecodedBatches:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.batches.set_epoch(epoch, start_batch)
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.batches.set_epoch(epoch, start)
 
     def decode(self, batch: JpegBatch) -> torch.Tensor:
         """A JpegBatch -> uint8 N x C x size x size on the device, in the memory format."""

@@ -29,24 +29,34 @@ Batch = tuple[Any, Any]  # (inputs, targets)
 
 
 def epoch_order(
-    n: int, epoch: int, seed: int, shuffle: bool, rank: int, world_size: int, device=None
+    n: int,
+    epoch: int,
+    seed: int,
+    shuffle: bool,
+    rank: int,
+    world_size: int,
+    device=None,
+    start: int = 0,
 ) -> torch.Tensor:
-    """The sample indices this rank visits in `epoch`.
+    """The sample indices this rank visits in `epoch`, from the epoch's sample `start` on.
 
     The permutation depends on (seed, epoch) alone, so any position in any epoch can be
     recomputed when a run resumes, and every batch size sees the samples in the same
-    order. Ranks take interleaved shares of equal length (the order wraps around to pad
-    the last ones, like DistributedSampler).
+    order. The samples from `start` on are dealt to the ranks in turn (interleaved shares
+    of equal length; the order wraps around to pad the last ones, like
+    DistributedSampler), so a run that resumes at `start` on any number of ranks, with any
+    batch size, trains each of the epoch's remaining samples once (state/position.py).
     """
     if shuffle:
         generator = torch.Generator(device=device).manual_seed(seed + epoch)
         order = torch.randperm(n, generator=generator, device=device)
     else:
         order = torch.arange(n, device=device)
-    per_rank = -(-n // world_size)
-    if per_rank * world_size > n:
-        order = torch.cat([order, order[: per_rank * world_size - n]])
-    return order[rank::world_size]
+    rest = order[start:]
+    padding = -(-len(rest) // world_size) * world_size - len(rest)
+    if padding:
+        rest = torch.cat([rest, order[:padding]])
+    return rest[rank::world_size]
 
 
 def batches_per_epoch(n: int, world_size: int, batch_size: int, drop_last: bool) -> int:
@@ -76,15 +86,16 @@ class DeviceBatches:
             seed,
         )
         self.rank, self.world_size = rank, world_size
-        self.epoch = self.start_batch = 0
+        self.epoch = self.start = 0
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """The next iteration yields `epoch`'s batches from `start_batch` on."""
-        self.epoch, self.start_batch = epoch, start_batch
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """The next iteration yields `epoch`'s batches from the epoch's sample `start` on."""
+        self.epoch, self.start = epoch, start
 
     def __len__(self) -> int:
+        """This rank's batches left in the epoch (from `start`)."""
         return batches_per_epoch(
-            len(self.targets), self.world_size, self.batch_size, self.drop_last
+            len(self.targets) - self.start, self.world_size, self.batch_size, self.drop_last
         )
 
     def __iter__(self) -> Iterator[Batch]:
@@ -96,10 +107,9 @@ class DeviceBatches:
             self.rank,
             self.world_size,
             device=self.inputs.device,
+            start=self.start,
         )
-        for start in range(
-            self.start_batch * self.batch_size, len(self) * self.batch_size, self.batch_size
-        ):
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = order[start : start + self.batch_size]
             # index_select: on a CPU ~10x faster than advanced indexing (x[index]) for a batch
             yield self.inputs.index_select(0, index), self.targets.index_select(0, index)
@@ -121,14 +131,23 @@ class EpochSampler(Sampler[int]):
         self.epoch = self.start = 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """`epoch`'s samples from the epoch's sample `start` on (over all ranks)."""
         self.epoch, self.start = epoch, start
 
     def __len__(self) -> int:
-        return -(-self.n // self.world_size) - self.start
+        return -(-(self.n - self.start) // self.world_size)
 
     def __iter__(self) -> Iterator[int]:
-        order = epoch_order(self.n, self.epoch, self.seed, self.shuffle, self.rank, self.world_size)
-        return iter(order[self.start :].tolist())
+        order = epoch_order(
+            self.n,
+            self.epoch,
+            self.seed,
+            self.shuffle,
+            self.rank,
+            self.world_size,
+            start=self.start,
+        )
+        return iter(order.tolist())
 
 
 def worker_seed(seed: int, rank: int, epoch: int) -> int:
@@ -149,17 +168,18 @@ class LoaderBatches:
         self.dataset = loader.dataset
         self.sampler: EpochSampler = loader.sampler
         self.batch_size = loader.batch_size
-        sampler = self.sampler
-        self.length = batches_per_epoch(
-            sampler.n, sampler.world_size, self.batch_size, loader.drop_last
-        )
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.sampler.set_epoch(epoch, start_batch * self.batch_size)
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """`epoch`'s batches from the epoch's sample `start` on (over all ranks)."""
+        self.sampler.set_epoch(epoch, start)
         self.loader.generator.manual_seed(worker_seed(self.seed, self.rank, epoch))
 
     def __len__(self) -> int:
-        return self.length
+        """This rank's batches left in the epoch (from the sampler's start)."""
+        sampler = self.sampler
+        return batches_per_epoch(
+            sampler.n - sampler.start, sampler.world_size, self.batch_size, self.loader.drop_last
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         return iter(self.loader)
@@ -269,7 +289,8 @@ def build_batches(
     settings: LoaderSettings | None = None,
 ) -> tuple[Any, Any | None]:
     """(train batches, validation batches or None) of this rank: iterables of
-    (inputs, targets) with `set_epoch(epoch, start_batch)` and `len()` (batches per epoch)."""
+    (inputs, targets) with `set_epoch(epoch, start)` (the epoch's first sample to serve, over
+    all ranks) and `len()` (this rank's batches from there to the epoch's end)."""
     shard = {"rank": rank, "world_size": world_size}
     if on_device:  # the source made its tensors on the device: slice them there
         drop_last = cfg.dataloader.drop_last

@@ -48,8 +48,8 @@ class CudaPrefetcher:
     def __len__(self) -> int:
         return len(self.batches)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.batches.set_epoch(epoch, start_batch)
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.batches.set_epoch(epoch, start)
 
     def _copy(self, batch: Batch | None, stream: torch.cuda.Stream) -> Batch | None:
         if batch is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,6 +37,7 @@ from gearshift.state.checkpoint import (
     save_best,
     save_checkpoint,
 )
+from gearshift.state.position import Position
 
 log = logging.getLogger(__name__)
 
@@ -168,31 +169,6 @@ class RngState:
         torch.set_rng_state(state["torch"])
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@dataclass
-class Position:
-    """Where training stands: optimizer steps done and the next batch to train on."""
-
-    step: int = 0
-    epoch: int = 0
-    batch: int = 0  # index of the next batch within `epoch`
-    samples: int = 0  # samples this rank trained on
-    batches_per_epoch: int = field(default=0, repr=False, compare=False)
-
-    def state_dict(self) -> dict[str, int]:
-        """The position a resumed run starts from: an epoch's end is the next one's start."""
-        done = self.batches_per_epoch > 0 and self.batch == self.batches_per_epoch
-        epoch, batch = (self.epoch + 1, 0) if done else (self.epoch, self.batch)
-        return {"step": self.step, "epoch": epoch, "batch": batch, "samples": self.samples}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.step, self.epoch = state["step"], state["epoch"]
-        self.batch, self.samples = state["batch"], state["samples"]
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return self.step, self.epoch, self.batch
 
 
 # Parts a checkpoint may lack: written before the part existed, or by a run without it.

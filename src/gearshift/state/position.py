@@ -1,0 +1,75 @@
+"""Where training stands, and the data position a resumed run continues from.
+
+The data position is a count of samples, not of batches: how many of the epoch's
+samples (its `(seed, epoch)` order, data/loading.py `epoch_order`) the whole job has
+trained on. A run resumes at that sample on whatever ranks it comes back with and with
+whatever batch size: the loaders deal the epoch's remaining samples to the new ranks in
+turn, so every sample of the interrupted epoch is trained once, also when the job comes
+back on fewer nodes or with another per-device batch. (Counting batches would go wrong as
+soon as the global batch changes: 2 ranks x 16 stopped after 15 batches had consumed 480
+samples; 1 x 16 resuming at batch 15 would start at sample 240.)
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Position:
+    """Optimizer steps done, and the next sample of the epoch to train on."""
+
+    step: int = 0
+    epoch: int = 0
+    epoch_start: int = 0  # the epoch's sample this rank's batches started from (a resume)
+    batch: int = 0  # batches this rank has taken since `epoch_start`
+    samples: int = 0  # samples this rank trained on
+    global_batch: int = field(default=0, repr=False, compare=False)  # samples per batch, all ranks
+    epoch_batches: int = field(
+        default=0, repr=False, compare=False
+    )  # this rank's, from epoch_start
+
+    @property
+    def epoch_samples(self) -> int:
+        """The epoch's samples the whole job has taken: where a resumed run starts."""
+        return self.epoch_start + self.batch * self.global_batch
+
+    @property
+    def epoch_done(self) -> bool:
+        return self.epoch_batches > 0 and self.batch >= self.epoch_batches
+
+    def next_epoch(self) -> None:
+        self.epoch, self.epoch_start, self.batch = self.epoch + 1, 0, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """The position a resumed run starts from: an epoch's end is the next one's start."""
+        epoch, start = (self.epoch + 1, 0) if self.epoch_done else (self.epoch, self.epoch_samples)
+        return {
+            "step": self.step,
+            "epoch": epoch,
+            "epoch_samples": start,
+            "samples": self.samples,
+            "global_batch": self.global_batch,
+        }
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step, self.epoch, self.samples = state["step"], state["epoch"], state["samples"]
+        # checkpoints written before the position counted samples counted batches
+        saved_batch = state.get("global_batch", self.global_batch)
+        self.epoch_start = state.get("epoch_samples", state.get("batch", 0) * saved_batch)
+        self.batch = 0
+        if saved_batch != self.global_batch:
+            log.info(
+                "resumed at sample %d of epoch %d with %d samples per batch over all ranks "
+                "(the checkpoint's run took %d): the epoch's remaining samples are dealt to "
+                "this job's ranks, each trained once",
+                self.epoch_start, self.epoch, self.global_batch, saved_batch,
+            )  # fmt: skip
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """Identifies the position (a best.pt written here is this position's checkpoint)."""
+        return self.step, self.epoch, self.epoch_samples

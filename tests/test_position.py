@@ -1,0 +1,78 @@
+"""The data position is a count of the epoch's samples: a run resumed with another batch
+size or on another number of ranks trains each of the interrupted epoch's samples once."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+from helpers import make_cfg
+from test_checkpoint import SignalAtStep
+
+from gearshift.data.loading import DeviceBatches, EpochSampler, epoch_order
+from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.position import Position
+from gearshift.state.preemption import TrainingStopped
+from gearshift.trainer import fit
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 4)])
+def test_the_rest_of_an_epoch_is_dealt_to_any_number_of_ranks(before, after):
+    n, taken = 96, 32  # 32 samples taken on `before` ranks, the other 64 on `after`
+    first = [epoch_order(n, 3, 0, True, r, before)[: taken // before] for r in range(before)]
+    rest = [epoch_order(n, 3, 0, True, r, after, start=taken) for r in range(after)]
+    seen = torch.cat(first + rest).tolist()
+    assert sorted(seen) == list(range(n))  # every sample of the epoch once
+    assert torch.equal(torch.cat(first).sort().values, torch.randperm(n, generator=torch.Generator().manual_seed(3))[:taken].sort().values)  # fmt: skip
+
+
+def test_a_start_on_the_same_ranks_continues_the_epochs_order_exactly():
+    for rank in range(2):
+        whole = epoch_order(37, 1, 0, True, rank, 2)
+        assert torch.equal(epoch_order(37, 1, 0, True, rank, 2, start=2 * 8), whole[8:])
+
+
+def test_loaders_start_at_a_sample_and_count_the_batches_left():
+    sampler = EpochSampler(100, shuffle=True, seed=0, rank=1, world_size=2)
+    sampler.set_epoch(2, start=40)
+    assert len(sampler) == 30 and list(sampler) == epoch_order(100, 2, 0, True, 1, 2)[20:].tolist()
+    device = DeviceBatches(torch.arange(100.0), torch.arange(100), 8, True, False, 0)
+    device.set_epoch(2, start=40)
+    assert len(device) == 8  # 60 samples left: 7 batches of 8 and one of 4
+    assert torch.cat([y for _, y in device]).tolist() == epoch_order(100, 2, 0, True, 0, 1)[40:].tolist()  # fmt: skip
+
+
+def test_the_position_saves_samples_and_an_old_checkpoints_batches_still_load():
+    p = Position(step=5, epoch=1, batch=3, samples=0, global_batch=32, epoch_batches=8)
+    assert p.state_dict()["epoch_samples"] == 96
+    p.batch = 8  # the epoch's last batch taken: the next one starts the next epoch
+    assert (p.state_dict()["epoch"], p.state_dict()["epoch_samples"]) == (2, 0)
+    resumed = Position(global_batch=16)
+    resumed.load_state_dict({"step": 5, "epoch": 1, "batch": 3, "samples": 0})  # before samples
+    assert (resumed.epoch_start, resumed.batch) == (48, 0)
+
+
+@pytest.mark.parametrize("resumed_batch", [8, 32])
+def test_a_resume_with_another_batch_size_trains_each_sample_of_the_epoch_once(
+    tmp_path, monkeypatch, resumed_batch
+):
+    taken: list[int] = []
+    iterate = EpochSampler.__iter__
+
+    def recording(sampler):
+        for index in iterate(sampler):
+            if sampler.epoch == 0 and sampler.shuffle:  # training samples of epoch 0
+                taken.append(index)
+            yield index
+
+    monkeypatch.setattr(EpochSampler, "__iter__", recording)
+    gears = ("model=mlp", "data.image_size=8", "data.num_samples=128", "data.on_device=false")
+    gears += ("dataloader.num_workers=0", "epochs=1", "data.num_val_samples=0")
+    with SignalAtStep(3, signal.SIGTERM), pytest.raises(TrainingStopped):
+        fit(make_cfg(*gears, "batch_size=16"), tmp_path)
+    position = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))["position"]
+    assert position["epoch_samples"] == 3 * 16 and len(taken) == 3 * 16
+    summary = fit(make_cfg(*gears, f"batch_size={resumed_batch}"), tmp_path).summary
+    assert sorted(taken) == list(range(128))  # the epoch's 128 samples, each once
+    assert summary["steps"] == 3 + -(-(128 - 48) // resumed_batch)
