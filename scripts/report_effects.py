@@ -173,10 +173,6 @@ class Effect:
         """What acted, as comparable items: (key, value) pairs."""
         return frozenset((k, json.dumps(v[1], sort_keys=True)) for k, v in self.acted.items())
 
-    @property
-    def ranked(self) -> bool:
-        return self.klass not in (DID_NOT_ACT,)
-
 
 def measure(name: str, pairs: list[tuple[dict, dict]], unpaired: int = 0) -> Effect:
     """A configuration's effect from its (gear summary, baseline summary) pairs."""
@@ -271,9 +267,10 @@ def ranking(effects: list[Effect]) -> list[Effect]:
 
 
 def mark_same_settings(effects: list[Effect]) -> None:
-    """amp_channels_last where amp resolved to float32 is channels_last again: say so."""
+    """amp_channels_last where amp resolved to float32 is channels_last again: say so, on
+    the one of them with fewer pairs (else the longer name)."""
     seen: dict[frozenset, str] = {}
-    for effect in effects:
+    for effect in sorted(effects, key=lambda e: (-e.pairs, len(e.name))):
         if effect.klass in (BASELINE, DID_NOT_ACT) or not effect.acted:
             continue
         if effect.settings in seen:
@@ -314,14 +311,14 @@ class Combination:
 def combinations(effects: list[Effect]) -> list[Combination]:
     """Each configuration whose acting settings hold those of two or more single gears."""
     measured = [e for e in effects if e.klass not in (BASELINE, DID_NOT_ACT) and e.acted]
-    # a single gear: no other configuration's settings lie strictly inside its own
-    singles = [e for e in measured if not any(o.settings < e.settings for o in measured)]
-    unique: dict[frozenset, Effect] = {}
-    for e in singles:
-        unique.setdefault(e.settings, e)
+    # a single gear: no other configuration's settings lie strictly inside its own (of two
+    # with the same settings, the one mark_same_settings left unmarked)
+    singles = [
+        e for e in measured if not e.same_as and not any(o.settings < e.settings for o in measured)
+    ]
     found = []
     for effect in measured:
-        parts = [s for s in unique.values() if s.settings < effect.settings]
+        parts = [s for s in singles if s.settings < effect.settings]
         if len(parts) < 2 or effect.throughput is None:
             continue
         covered = frozenset().union(*(p.settings for p in parts))

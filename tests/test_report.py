@@ -307,6 +307,33 @@ def test_a_gear_that_acted_in_some_rounds_only_is_measured_on_those(tmp_path):
     assert amp["did_not_act_because"] == [f"amp resolved to off ({AMP_FLOAT32})"]
 
 
+def test_a_pair_of_gears_that_resolved_to_one_is_named_so_and_counted_once(tmp_path):
+    # amp_channels_last where amp=on resolved to float32: channels_last again
+    RESOLVED["amp_channels_last"] = {**RESOLVED["amp"], **RESOLVED["channels_last"]}
+    n = 0
+    for round_, b in enumerate(BASE[:3]):
+        for gear, ratio in (
+            ("amp_channels_last", 1.19),
+            ("channels_last", 1.2),
+            ("baseline", 1.0),
+            ("set_to_none", 0.9),
+            ("all", (1.05, 1.08, 1.11)[round_]),
+        ):
+            result = summary(b * ratio, 1000, gears(gear))
+            fake_run(tmp_path / str(n), [f"seed={round_}", f"gear={gear}"], result)
+            n += 1
+    del RESOLVED["amp_channels_last"]
+    done = report(tmp_path, "--no-plot", "--no-wandb")
+    assert done.returncode == 0, done.stderr
+    found = classes(tmp_path)
+    assert found["gear=amp_channels_last"]["same_as"] == "gear=channels_last"
+    assert found["gear=channels_last"]["same_as"] is None
+    [combo] = json.loads((tmp_path / "report.json").read_text())["combinations"]
+    assert combo["parts"] == ["gear=channels_last", "gear=set_to_none"]
+    assert combo["product"] == pytest.approx(1.2 * 0.9)  # both effects (3 pairs, min-max)
+    assert "as the product of its parts" in combo["reading"]
+
+
 def test_cudnn_benchmark_acts_on_cuda(tmp_path):
     ablation_folder(tmp_path, device="cuda:0")
     done = report(tmp_path, "--no-plot", "--no-wandb")
