@@ -301,7 +301,8 @@ def idle_cells(e: Effect) -> list[str]:
 def combo_cells(c: Combination) -> list[str]:
     parts = [f"{p.name} {p.throughput.median:.2f}x ({p.klass})" for p in c.parts]
     parts += [f"{k}: not measured alone" for k in c.uncovered]
-    return [c.name, times(c.measured), f"{c.product:.2f}x", "; ".join(parts), c.reading]
+    product = f"{c.product:.2f}x" + ("" if c.counted else " (no part is an effect)")
+    return [c.name, times(c.measured), product, "; ".join(parts), c.reading]
 
 
 def method(reading: Reading) -> str:

@@ -84,7 +84,7 @@ def plot(reading, path: Path, title: str) -> None:
                 ax.tick_params(labelleft=False)
             if row == 0:
                 ax.set_title(label, fontsize=10)
-    for combo in reading.combos:
+    for combo in (c for c in reading.combos if c.counted):  # else the product is the 1.0 line
         y = [e.name for e in ranked].index(combo.name)
         axes[0][0].plot(combo.product, y, "D", color="tab:purple", markersize=7, zorder=3)
     if idle:
@@ -99,7 +99,7 @@ def plot(reading, path: Path, title: str) -> None:
         Line2D([], [], marker="o", color=BAD, label="effect: worse"),
         Line2D([], [], marker="o", color=NOISE_GREY, label="within noise (interval holds 1.0)"),
     ]
-    if reading.combos:
+    if any(c.counted for c in reading.combos):
         legend.append(
             Line2D([], [], marker="D", color="tab:purple", linestyle="", label="product of parts")
         )
