@@ -399,6 +399,7 @@ def test_rounds_to_resolve_five_percent_grow_with_the_spread(monkeypatch):
     assert needed == sorted(needed) and needed[-1] > 20
     assert effects.rounds_to_resolve(spread(0.05), effect=0.10) < needed[2]  # a bigger effect
     assert effects.rounds_to_resolve([0.01]) == 1000  # one pair: no spread to go by
+    assert effects.rounds_to_resolve(spread(0.9)) == 1000  # a busy machine's spread: too many
 
 
 def test_the_report_reads_to_the_sweeps_wandb_group(tmp_path):
