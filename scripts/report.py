@@ -241,6 +241,9 @@ def note(e: Effect) -> str:
         parts.append(f"the same resolved gears as {e.same_as}")
     if e.klass == NOISE:
         parts.append(rounds_note(e))
+        if e.step_time and not e.step_time.within_noise:  # a median: steadier under stalls
+            way = "slower" if e.step_time.median > 1 else "faster"
+            parts.append(f"its median step time is {way}: {times(e.step_time)}")
     if e.idle_pairs:
         parts.append(f"did not act in {e.idle_pairs} round(s): {'; '.join(e.reasons)}")
     if e.unpaired:

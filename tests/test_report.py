@@ -69,12 +69,16 @@ def gears(name: str, **changes) -> dict:
 
 
 def summary(
-    samples_per_sec: float, peak_mib: float, gear_settings: dict, device: str = "cpu"
+    samples_per_sec: float,
+    peak_mib: float,
+    gear_settings: dict,
+    device: str = "cpu",
+    step_ms: float | None = None,
 ) -> dict:
     return {
         "samples_per_sec": samples_per_sec,
         "samples_per_sec_per_device": samples_per_sec,
-        "step_time_ms": 64_000 / samples_per_sec,
+        "step_time_ms": step_ms or 64_000 / samples_per_sec,
         "data_wait_pct": 2.0,
         "peak_memory_bytes": int(peak_mib * MIB),
         "peak_memory_kind": "cpu_rss",
@@ -232,6 +236,7 @@ def test_noise_never_ranks_above_an_effect_and_what_did_not_act_is_apart(ablatio
     assert set_to_none[4] == "≈1.03x [0.95, 1.06]"  # within noise
     assert set_to_none[6] == "0.96x [0.96, 0.96]"  # but its memory effect is not
     assert "rounds would resolve a 5% effect" in set_to_none[9]
+    assert "step time" not in set_to_none[9]  # its step time is within noise too
     assert [row[0] for row in idle] == ["gear=amp", "gear=cudnn_benchmark", "gear=dataloader"]
     assert "CUDA only" in idle[1][4]
     assert combos == [
@@ -332,6 +337,24 @@ def test_a_pair_of_gears_that_resolved_to_one_is_named_so_and_counted_once(tmp_p
     assert combo["parts"] == ["gear=channels_last", "gear=set_to_none"]
     assert combo["product"] == pytest.approx(1.2 * 0.9)  # both effects (3 pairs, min-max)
     assert "as the product of its parts" in combo["reading"]
+
+
+def test_a_steady_step_time_is_named_when_stalls_blur_the_throughput(tmp_path):
+    # the baseline's run of round 1 stalled: its throughput fell, its median step did not
+    throughput = [0.92, 1.25, 0.78, 0.81, 0.79]
+    step = [1.23, 1.05, 1.28, 1.24, 1.28]
+    for round_, b in enumerate(BASE):
+        runs = (("baseline", 1.0, 1.0), ("compile", throughput[round_], step[round_]))
+        for i, (gear, ratio, step_ratio) in enumerate(runs):
+            result = summary(b * ratio, 1000, gears(gear), step_ms=100 * step_ratio)
+            fake_run(tmp_path / str(2 * round_ + i), [f"seed={round_}", f"gear={gear}"], result)
+    done = report(tmp_path, "--no-plot", "--no-wandb")
+    assert done.returncode == 0, done.stderr
+    assert classes(tmp_path)["gear=compile"]["class"] == "within noise"
+    [compile_] = [
+        r for r in tables((tmp_path / "report.md").read_text())[0] if r[0] == "gear=compile"
+    ]
+    assert "its median step time is slower: 1.24x [1.05, 1.28]" in compile_[9]
 
 
 def test_cudnn_benchmark_acts_on_cuda(tmp_path):
