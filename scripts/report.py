@@ -244,6 +244,8 @@ def note(e: Effect) -> str:
         if e.step_time and not e.step_time.within_noise:  # a median: steadier under stalls
             way = "slower" if e.step_time.median > 1 else "faster"
             parts.append(f"its median step time is {way}: {times(e.step_time)}")
+    if e.varied_pairs:
+        parts.append(f"its gears resolved otherwise in {e.varied_pairs} round(s)")
     if e.idle_pairs:
         parts.append(f"did not act in {e.idle_pairs} round(s): {'; '.join(e.reasons)}")
     if e.unpaired:
@@ -403,6 +405,7 @@ def effect_json(e: Effect) -> dict:
         "acted": {k: list(v) for k, v in e.acted.items()},
         "did_not_act_because": e.reasons,
         "idle_pairs": e.idle_pairs,
+        "varied_pairs": e.varied_pairs,
         "unpaired": e.unpaired,
         "rounds_to_resolve_5pct": e.rounds_needed,
         "same_as": e.same_as,

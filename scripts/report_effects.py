@@ -171,6 +171,7 @@ class Effect:
     acted: dict[str, tuple] = field(default_factory=dict)  # what differed from the baseline
     reasons: list[str] = field(default_factory=list)  # why it did not act (in some rounds)
     idle_pairs: int = 0  # pairs in which it did not act
+    varied_pairs: int = 0  # acting pairs whose gears resolved otherwise than `acted`
     unpaired: int = 0  # runs whose round has no finished baseline run
     rounds_needed: int | None = None  # within noise: rounds that would resolve 5%
     same_as: str | None = None  # another configuration with the same resolved settings
@@ -185,6 +186,7 @@ def measure(name: str, pairs: list[tuple[dict, dict]], unpaired: int = 0) -> Eff
     """A configuration's effect from its (gear summary, baseline summary) pairs."""
     acting, idle, reasons = [], [], []
     acted: dict[str, tuple] = {}
+    varied = 0
     for gear, base in pairs:
         if "gears" not in gear or "gears" not in base:  # older summaries: measured as acting
             acting.append((gear, base))
@@ -194,6 +196,7 @@ def measure(name: str, pairs: list[tuple[dict, dict]], unpaired: int = 0) -> Eff
         if changed:
             acting.append((gear, base))
             acted = acted or changed
+            varied += changed != acted  # amp=on resolved to bf16 in one round, float32 in another
         else:
             idle.append((gear, base))
             reasons += [
@@ -214,6 +217,7 @@ def measure(name: str, pairs: list[tuple[dict, dict]], unpaired: int = 0) -> Eff
         acted=acted,
         reasons=reasons,
         idle_pairs=len(idle) if acting else 0,
+        varied_pairs=varied,
         unpaired=unpaired,
     )
     if not acting and idle:

@@ -308,6 +308,7 @@ def test_a_gear_that_acted_in_some_rounds_only_is_measured_on_those(tmp_path):
     assert done.returncode == 0, done.stderr
     amp = classes(tmp_path)["gear=amp"]
     assert (amp["class"], amp["pairs"], amp["idle_pairs"]) == ("faster", 3, 2)
+    assert amp["varied_pairs"] == 0  # bf16 each time it acted
     assert amp["throughput"]["median"] == pytest.approx(1.4)
     assert amp["did_not_act_because"] == [f"amp resolved to off ({AMP_FLOAT32})"]
 
@@ -332,6 +333,7 @@ def test_a_pair_of_gears_that_resolved_to_one_is_named_so_and_counted_once(tmp_p
     assert done.returncode == 0, done.stderr
     found = classes(tmp_path)
     assert found["gear=amp_channels_last"]["same_as"] == "gear=channels_last"
+    assert found["gear=amp_channels_last"]["varied_pairs"] == 0
     assert found["gear=channels_last"]["same_as"] is None
     [combo] = json.loads((tmp_path / "report.json").read_text())["combinations"]
     assert combo["parts"] == ["gear=channels_last", "gear=set_to_none"]
@@ -355,6 +357,23 @@ def test_a_steady_step_time_is_named_when_stalls_blur_the_throughput(tmp_path):
         r for r in tables((tmp_path / "report.md").read_text())[0] if r[0] == "gear=compile"
     ]
     assert "its median step time is slower: 1.24x [1.05, 1.28]" in compile_[9]
+
+
+def test_a_gear_whose_resolution_varied_between_rounds_says_in_how_many(tmp_path):
+    bf16 = {"amp": "bfloat16", "amp_reason": AMP_BF16, "memory_format": "channels_last"}
+    float32 = {"amp_reason": AMP_FLOAT32, "memory_format": "channels_last"}  # the probe lost
+    for round_, b in enumerate(BASE[:3]):
+        resolved = float32 if round_ == 1 else bf16
+        runs = (("baseline", 1.0, gears("baseline")), ("pair", 1.3, {**BASE_GEARS, **resolved}))
+        for i, (gear, ratio, settings) in enumerate(runs):
+            result = summary(b * ratio, 1000, settings)
+            fake_run(tmp_path / str(2 * round_ + i), [f"seed={round_}", f"gear={gear}"], result)
+    done = report(tmp_path, "--no-plot", "--no-wandb")
+    assert done.returncode == 0, done.stderr
+    pair = classes(tmp_path)["gear=pair"]
+    assert (pair["pairs"], pair["varied_pairs"], pair["idle_pairs"]) == (3, 1, 0)
+    assert pair["acted"]["amp"] == ["off", "bfloat16"]  # what it resolved to first
+    assert "its gears resolved otherwise in 1 round(s)" in (tmp_path / "report.md").read_text()
 
 
 def test_cudnn_benchmark_acts_on_cuda(tmp_path):
