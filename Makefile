@@ -33,7 +33,7 @@ bench: $(VENV)/.installed ## template loop vs a hand-written loop, interleaved; 
 bench-data: $(VENV)/.installed ## image loaders vs the torchvision recipe on generated JPEGs, interleaved (ARGS="--workers 4")
 	$(PY) scripts/bench_data.py $(ARGS)
 
-ablation: $(VENV)/.installed ## baseline, each gear alone, all gears: one sweep, then its report (DIR=, ARGS=)
+ablation: $(VENV)/.installed ## baseline, each gear alone, all gears, in rounds; then its report (DIR=, ARGS=+sweep.rounds=N)
 	@dir="$(or $(DIR),multirun/ablation_$$(date +%Y-%m-%d_%H-%M-%S))"; \
 	$(PY) train.py -m sweep=ablation hydra.sweep.dir="$$dir" $(ARGS); status=$$?; \
 	$(PY) scripts/report.py "$$dir" && exit $$status

@@ -1,26 +1,54 @@
-"""What each gear bought: a table (and chart) of the runs in a sweep folder.
+"""What each gear bought, told from noise and from a gear that did not act.
 
-    python scripts/report.py multirun/2026-11-30_12-00-00
+    python scripts/report.py multirun/ablation_2026-11-30_12-00-00
 
-Reads every run folder below the given one (a run folder holds `.hydra/`), ranks the
-runs by throughput with speed-up and peak-memory change against the baseline run, and
-writes `report.md` and `report.png` beside them. A run without a summary.json failed:
-it is listed as failed, not dropped. Runs with the same gears (a sweep that repeats each
-configuration, seed=0,1,2 as in `make ablation`) are one row: the fastest of them, with the
-spread of their throughputs. The baseline is the configuration whose overrides switch
-no gear (or say experiment=baseline or gear=baseline), else the slowest one.
+Reads every run folder below the given one (a run folder holds `.hydra/`). Runs with the
+same gear overrides are one configuration; the baseline is the configuration whose
+overrides switch no gear (or say gear=baseline or experiment=baseline), else the slowest.
+The other overrides that differ between runs (seed=0, seed=1, ... in `make ablation`) are
+the run's round: each gear run is paired with the baseline run of its round, and a
+configuration's effect is the median of its pairs' ratios with an interval
+(scripts/report_effects.py). A configuration whose resolved gears (summary.json `gears`)
+equal the baseline's on the device it ran on did not act there: it is listed apart with
+the reason, not ranked.
+
+Writes `report.md`, `report.json` and `report.png` into the folder, prints the tables,
+and logs the same tables and chart to the sweep's W&B group when its runs logged to W&B.
+A run without a summary.json failed: it is listed as failed, not dropped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+import sys
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however loaded
+from report_effects import (
+    BASELINE,
+    DID_NOT_ACT,
+    FASTER,
+    MIN_PAIRS,
+    NOISE,
+    SLOWER,
+    Combination,
+    Effect,
+    Ratio,
+    baseline_effect,
+    combinations,
+    describe_interval,
+    mark_same_settings,
+    measure,
+    ranking,
+    run_spread,
+    shown,
+)
 
 # Overrides that change the workload or the bookkeeping, not a gear.
 NOT_GEARS = (
@@ -48,6 +76,8 @@ class Run:
     folder: Path
     gears: list[str]  # the overrides that switch gears
     summary: dict | None  # None: the run failed
+    round: tuple[str, ...] = ()  # the other overrides: the runs of one round share them
+    order: int = 0  # its place in the sweep (Hydra's job numbers)
 
     @property
     def failed(self) -> bool:
@@ -58,10 +88,14 @@ class Run:
         return " ".join(self.gears) or "baseline"
 
 
-def gear_overrides(folder: Path) -> list[str]:
+def run_overrides(folder: Path) -> list[str]:
     overrides_file = folder / ".hydra" / "overrides.yaml"
     overrides = yaml.safe_load(overrides_file.read_text()) if overrides_file.exists() else []
-    return [o for o in overrides or [] if is_gear(o.lstrip("+~"))]
+    return list(overrides or [])
+
+
+def gear_overrides(folder: Path) -> list[str]:
+    return [o for o in run_overrides(folder) if is_gear(o.lstrip("+~"))]
 
 
 def is_gear(override: str) -> bool:
@@ -77,11 +111,14 @@ def load_runs(root: Path) -> list[Run]:
     """Every run below `root`, named by the gear overrides that tell it from the others
     (a gear set on the whole sweep's command line is in every name, so in none)."""
     runs = []
-    for hydra_dir in sorted(root.glob("**/.hydra"), key=natural_order):
+    for order, hydra_dir in enumerate(sorted(root.glob("**/.hydra"), key=natural_order)):
         folder = hydra_dir.parent
         summary_file = folder / "summary.json"
         summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
-        runs.append(Run(folder=folder, gears=gear_overrides(folder), summary=summary))
+        overrides = run_overrides(folder)
+        gears = [o for o in overrides if is_gear(o.lstrip("+~"))]
+        rest = tuple(o for o in overrides if o not in gears)
+        runs.append(Run(folder, gears, summary, round=rest, order=order))
     if len(runs) > 1:
         shared = set.intersection(*(set(run.gears) for run in runs))
         for run in runs:
@@ -94,29 +131,23 @@ BASELINE_GEARS = ([], ["experiment=baseline"], ["gear=baseline"])
 
 @dataclass
 class Config:
-    """One configuration of gears and its runs: several when the sweep repeats it (seed=0,1,2)."""
+    """One configuration of gears and its runs, one a round."""
 
     name: str
     runs: list[Run]
 
     @property
-    def done(self) -> list[dict]:
-        return [r.summary for r in self.runs if not r.failed]
+    def done(self) -> list[Run]:
+        return [r for r in self.runs if not r.failed]
 
     @property
     def failed(self) -> list[Run]:
         return [r for r in self.runs if r.failed]
 
     @property
-    def best(self) -> dict:
-        """The fastest run's summary. Interference (other processes, a busy neighbour on a
-        shared host) only ever slows a run down, so the fastest repeat is the closest to
-        what the configuration does on its own (the reasoning of Python's timeit)."""
-        return max(self.done, key=lambda s: s["samples_per_sec"])
-
-    @property
-    def samples_per_sec(self) -> float:
-        return self.best["samples_per_sec"]
+    def median_throughput(self) -> float:
+        values = sorted(r.summary["samples_per_sec"] for r in self.done)
+        return values[len(values) // 2]
 
 
 def group(runs: list[Run]) -> list[Config]:
@@ -129,133 +160,358 @@ def group(runs: list[Run]) -> list[Config]:
 def pick_baseline(configs: list[Config]) -> Config | None:
     done = [c for c in configs if c.done]
     plain = [c for c in done if c.runs[0].gears in BASELINE_GEARS]
-    return plain[0] if plain else min(done, key=lambda c: c.samples_per_sec, default=None)
+    return plain[0] if plain else min(done, key=lambda c: c.median_throughput, default=None)
 
 
-def rows(runs: list[Run]) -> list[dict]:
-    """One row per configuration (its fastest run), then one per failed run."""
+def pairs_with(config: Config, base: Config) -> tuple[list[tuple[dict, dict]], int]:
+    """(gear summary, baseline summary) for each finished run of `config`, the baseline
+    run being the one of the same round (the nearest in the sweep if the round has
+    several); and how many runs found none (their round's baseline run failed)."""
+    pairs, unpaired = [], 0
+    for run in config.done:
+        same_round = [b for b in base.done if b.round == run.round]
+        if not same_round:
+            unpaired += 1
+            continue
+        nearest = min(same_round, key=lambda b: abs(b.order - run.order))
+        pairs.append((run.summary, nearest.summary))
+    return pairs, unpaired
+
+
+@dataclass
+class Reading:
+    """The report's content: what its tables, its chart and W&B show."""
+
+    baseline: Effect | None
+    ranked: list[Effect]  # faster, the baseline, slower, within noise
+    idle: list[Effect]  # did not act
+    combos: list[Combination]
+    failed: list[tuple[str, Path]]
+    baseline_spread: float | None = None
+    rounds: int = 0  # the most pairs a configuration has
+    devices: list[str] = field(default_factory=list)
+
+
+def read(runs: list[Run]) -> Reading:
     configs = group(runs)
     base = pick_baseline(configs)
-    table = []
-    b = base.best if base else None
-    for config in sorted((c for c in configs if c.done), key=lambda c: -c.samples_per_sec):
-        best = config.best
-        throughputs = [s["samples_per_sec"] for s in config.done]
-        table.append(
-            {
-                "name": config.name
-                + (" (baseline)" if config is base and "baseline" not in config.name else ""),
-                "status": "ok",
-                "runs": len(throughputs),
-                "samples_per_sec": best["samples_per_sec"],
-                # how far the repeats disagree: what noise alone can do to a speed-up
-                "spread_pct": 100 * (1 - min(throughputs) / max(throughputs))
-                if len(throughputs) > 1
-                else None,
-                "speedup": best["samples_per_sec"] / b["samples_per_sec"],
-                "peak_mib": best["peak_memory_bytes"] / 2**20,
-                "memory_change_pct": 100 * (best["peak_memory_bytes"] / b["peak_memory_bytes"] - 1),
-                "data_wait_pct": best["data_wait_pct"],
-                "step_time_ms": best["step_time_ms"],
-                "final_loss": best["final_loss"],
-            }
-        )
+    failed = [(c.name, r.folder) for c in configs for r in c.failed]
+    if base is None:
+        return Reading(None, [], [], [], failed)
+    base_runs = [r.summary for r in base.done]
+    effects = [baseline_effect(base.name, base_runs)]
     for config in configs:
-        for run in config.failed:
-            table.append({"name": config.name, "status": "failed", "folder": str(run.folder)})
-    return table
+        if config is not base and config.done:
+            effects.append(measure(config.name, *pairs_with(config, base)))
+    effects = ranking(effects)
+    mark_same_settings(effects)
+    return Reading(
+        baseline=next(e for e in effects if e.klass == BASELINE),
+        ranked=[e for e in effects if e.klass != DID_NOT_ACT],
+        idle=[e for e in effects if e.klass == DID_NOT_ACT],
+        combos=combinations(effects),
+        failed=failed,
+        baseline_spread=run_spread(base_runs),
+        rounds=max((e.pairs for e in effects if e.klass != BASELINE), default=0),
+        devices=sorted({str(r.summary.get("device", "?")) for c in configs for r in c.done}),
+    )
 
 
-COLUMNS = (
-    "run",
-    "runs",
+def times(r: Ratio | None, mark_noise: bool = True) -> str:
+    """1.22x [1.05, 1.31]; within noise: ≈1.03x [0.97, 1.08]; one pair: ≈1.03x."""
+    if r is None:
+        return "-"
+    mark = "≈" if mark_noise and r.within_noise else ""
+    if r.n == 1:
+        return f"{mark}{r.median:.2f}x"
+    return f"{mark}{r.median:.2f}x [{r.lo:.2f}, {r.hi:.2f}]"
+
+
+def settings(e: Effect) -> str:
+    return ", ".join(f"{k}={shown(new)}" for k, (_, new) in e.acted.items())
+
+
+def note(e: Effect) -> str:
+    if e.klass == BASELINE:
+        return "the reference"
+    parts = []
+    if e.acted:
+        parts.append(f"acted: {settings(e)}")
+    if e.same_as:
+        parts.append(f"the same resolved gears as {e.same_as}")
+    if e.klass == NOISE:
+        parts.append(rounds_note(e))
+        if e.step_time and not e.step_time.within_noise:  # a median: steadier under stalls
+            way = "slower" if e.step_time.median > 1 else "faster"
+            parts.append(f"its median step time is {way}: {times(e.step_time)}")
+    if e.varied_pairs:
+        parts.append(f"its gears resolved otherwise in {e.varied_pairs} round(s)")
+    if e.idle_pairs:
+        parts.append(f"did not act in {e.idle_pairs} round(s): {'; '.join(e.reasons)}")
+    if e.unpaired:
+        parts.append(f"{e.unpaired} run(s) without a baseline run in their round")
+    return "; ".join(parts)
+
+
+def rounds_note(e: Effect) -> str:
+    if e.pairs < 2:
+        return f"{e.pairs} pair: no spread to go by, run more rounds"
+    if e.rounds_needed > 999:
+        return "a 5% effect needs over 999 rounds at this spread"
+    if e.rounds_needed <= e.pairs:
+        return f"{e.pairs} rounds resolve 5% at this spread: its effect is smaller"
+    return f"~{e.rounds_needed} rounds would resolve a 5% effect at this spread"
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+RANKED_COLUMNS = (
+    "configuration",
+    "class",
+    "pairs",
     "samples/s",
-    "spread",
-    "speed-up",
-    "peak MiB",
-    "memory",
+    "throughput",
+    "step time",
+    "peak memory",
     "data wait",
-    "step ms",
     "loss",
+    "note",
 )
+IDLE_COLUMNS = ("configuration", "pairs", "samples/s", "throughput (same settings)", "why")
+COMBO_COLUMNS = ("configuration", "measured", "product of its parts", "parts", "reading")
 
 
-def cells(row: dict) -> list[str]:
-    if row["status"] == "failed":
-        return [row["name"], "1", "failed", *[""] * (len(COLUMNS) - 3)]
+def ranked_cells(e: Effect) -> list[str]:
+    ratios = [e.throughput, e.step_time, e.memory]
+    cells = ["1.00x"] * 3 if e.klass == BASELINE else [times(r) for r in ratios]
     return [
-        row["name"],
-        str(row["runs"]),
-        f"{row['samples_per_sec']:,.1f}",
-        "-" if row["spread_pct"] is None else f"{row['spread_pct']:.0f}%",
-        f"{row['speedup']:.2f}x",
-        f"{row['peak_mib']:,.0f}",
-        f"{row['memory_change_pct']:+.0f}%",
-        f"{row['data_wait_pct']:.1f}%",
-        f"{row['step_time_ms']:.1f}",
-        f"{row['final_loss']:.4f}",
+        e.name,
+        e.klass,
+        str(e.pairs),
+        fmt(e.samples_per_sec, ",.1f"),
+        *cells,
+        fmt(e.data_wait_pct, ".1f") + ("%" if e.data_wait_pct is not None else ""),
+        fmt(e.final_loss, ".4f"),
+        note(e),
     ]
 
 
-def markdown(table: list[dict], title: str) -> str:
-    lines = [f"# {title}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cells(row)) + " |" for row in table]
-    lines += ["", NOTE]
-    failed = [row for row in table if row["status"] == "failed"]
-    if failed:
-        lines += ["", "Failed runs (no summary.json; see train.log and .submitit/ logs):", ""]
-        lines += [f"- {row['name']}: {row['folder']}" for row in failed]
+def idle_cells(e: Effect) -> list[str]:
+    why = "; ".join(e.reasons) or "the same resolved gears as the baseline"
+    return [e.name, str(e.pairs), fmt(e.samples_per_sec, ",.1f"), times(e.throughput, False), why]
+
+
+def combo_cells(c: Combination) -> list[str]:
+    parts = [f"{p.name} {p.throughput.median:.2f}x ({p.klass})" for p in c.parts]
+    parts += [f"{k}: not measured alone" for k in c.uncovered]
+    product = f"{c.product:.2f}x" + ("" if c.counted else " (no part is an effect)")
+    return [c.name, times(c.measured), product, "; ".join(parts), c.reading]
+
+
+def method(reading: Reading) -> str:
+    n = reading.rounds
+    here = f" (here: {describe_interval(n)})" if n >= MIN_PAIRS else ""
+    lines = [
+        "Each gear run is divided by the baseline run of its round (the overrides other than "
+        "gears: seed=N in `make ablation`), so that both runs of a pair see the machine "
+        "alike. A configuration's figure is the median of its pairs' ratios to the baseline "
+        "(throughput above 1.00x: faster; step time and peak memory below 1.00x: less). The "
+        "brackets are an interval of that median, no assumption about the noise's shape: "
+        "the pairs' min-max below 5 pairs (a 75% interval with 3 pairs, 88% with 4), from 5 "
+        "pairs on the narrowest k-th smallest to k-th largest pair that holds the median "
+        f"with at least 90% probability{here}. An interval that holds 1.00 is within noise "
+        f"(marked ≈); fewer than {MIN_PAIRS} pairs are within noise whatever they show.",
+        "Classes come from throughput: faster or slower (an effect), within noise, or did "
+        "not act (its resolved gears, summary.json `gears`, equal the baseline's on the "
+        "device it ran on).",
+    ]
+    if reading.baseline_spread is not None:
+        lines.append(
+            f"The baseline's own runs differ by {100 * reading.baseline_spread:.0f}% "
+            "(1 - slowest / fastest): what pairing takes out."
+        )
+    return "\n\n".join(lines)
+
+
+def table_md(columns: tuple[str, ...], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
+
+
+def markdown(reading: Reading, title: str) -> str:
+    lines = [f"# {title}", ""]
+    if reading.baseline:
+        b = reading.baseline
+        lines += [
+            f"Baseline: {b.name}, {b.pairs} run(s), median {b.samples_per_sec:,.1f} samples/s "
+            f"on {', '.join(reading.devices)}.",
+            "",
+            "## What each gear bought",
+            "",
+            *table_md(RANKED_COLUMNS, [ranked_cells(e) for e in reading.ranked]),
+            "",
+            method(reading),
+        ]
+    if reading.idle:
+        lines += [
+            "",
+            "## Did not act here",
+            "",
+            "These resolved to the baseline's settings on this machine, so they are not "
+            "ranked: their ratio is two runs of the same settings, the noise itself.",
+            "",
+            *table_md(IDLE_COLUMNS, [idle_cells(e) for e in reading.idle]),
+        ]
+    if reading.combos:
+        lines += [
+            "",
+            "## Combinations",
+            "",
+            "A configuration that switches several gears measured alone, beside the product "
+            "of those gears' effects that are not noise: outside its interval, they do not "
+            "add up as if alone.",
+            "",
+            *table_md(COMBO_COLUMNS, [combo_cells(c) for c in reading.combos]),
+        ]
+    if reading.failed:
+        lines += [
+            "",
+            "## Failed runs",
+            "",
+            "No summary.json; see train.log and .submitit/ logs:",
+            "",
+        ]
+        lines += [f"- {name}: {folder}" for name, folder in reading.failed]
     return "\n".join(lines) + "\n"
 
 
-NOTE = (
-    "Each row is the configuration's fastest run (noise only slows runs down); runs is how "
-    "many finished, and spread is 1 - slowest / fastest of their throughputs: a speed-up "
-    "smaller than that can be noise."
-)
+def ratio_json(r: Ratio | None) -> dict | None:
+    return None if r is None else {**asdict(r), "within_noise": r.within_noise}
 
 
-def plot(table: list[dict], path: Path, title: str) -> None:
-    import matplotlib
+def effect_json(e: Effect) -> dict:
+    return {
+        "name": e.name,
+        "class": e.klass,
+        "pairs": e.pairs,
+        "samples_per_sec": e.samples_per_sec,
+        "throughput": ratio_json(e.throughput),
+        "step_time": ratio_json(e.step_time),
+        "peak_memory": ratio_json(e.memory),
+        "data_wait_pct": e.data_wait_pct,
+        "final_loss": e.final_loss,
+        "acted": {k: list(v) for k, v in e.acted.items()},
+        "did_not_act_because": e.reasons,
+        "idle_pairs": e.idle_pairs,
+        "varied_pairs": e.varied_pairs,
+        "unpaired": e.unpaired,
+        "rounds_to_resolve_5pct": e.rounds_needed,
+        "same_as": e.same_as,
+    }
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    done = [r for r in table if r["status"] == "ok"][::-1]
-    names = [r["name"] for r in done]
-    fig, (speed, memory) = plt.subplots(1, 2, figsize=(12, 1.2 + 0.45 * len(done)), sharey=True)
-    speed.barh(names, [r["samples_per_sec"] for r in done], color="tab:blue")
-    for y, r in enumerate(done):
-        speed.annotate(f" {r['speedup']:.2f}x", (r["samples_per_sec"], y), va="center")
-    speed.set_xlabel("samples/s (fastest run)")
-    speed.margins(x=0.15)
-    memory.barh(names, [r["peak_mib"] for r in done], color="tab:orange")
-    memory.set_xlabel("peak memory (MiB)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def as_json(reading: Reading) -> dict:
+    return {
+        "baseline": reading.baseline.name if reading.baseline else None,
+        "devices": reading.devices,
+        "interval": describe_interval(reading.rounds) if reading.rounds else None,
+        "configurations": [effect_json(e) for e in [*reading.ranked, *reading.idle]],
+        "combinations": [
+            {
+                "name": c.name,
+                "measured": ratio_json(c.measured),
+                "product": c.product,
+                "parts": [p.name for p in c.parts],
+                "counted": [p.name for p in c.counted],
+                "uncovered": c.uncovered,
+                "reading": c.reading,
+            }
+            for c in reading.combos
+        ],
+        "failed": [{"name": name, "folder": str(folder)} for name, folder in reading.failed],
+    }
+
+
+def wandb_tables(reading: Reading) -> dict[str, tuple[tuple[str, ...], list[list[str]]]]:
+    return {
+        "gear_report/effects": (RANKED_COLUMNS, [ranked_cells(e) for e in reading.ranked]),
+        "gear_report/did_not_act": (IDLE_COLUMNS, [idle_cells(e) for e in reading.idle]),
+        "gear_report/combinations": (COMBO_COLUMNS, [combo_cells(c) for c in reading.combos]),
+        "gear_report/failed": (
+            ("configuration", "folder"),
+            [[n, str(f)] for n, f in reading.failed],
+        ),
+    }
+
+
+def wandb_summary(reading: Reading) -> dict[str, object]:
+    """Each configuration's class and throughput ratio with its interval, as W&B keys."""
+    summary: dict[str, object] = {}
+    for e in [*reading.ranked, *reading.idle]:
+        summary[f"gear_report/{e.name}/class"] = e.klass
+        summary[f"gear_report/{e.name}/pairs"] = e.pairs
+        if e.throughput:
+            summary[f"gear_report/{e.name}/throughput"] = e.throughput.median
+            summary[f"gear_report/{e.name}/throughput_lo"] = e.throughput.lo
+            summary[f"gear_report/{e.name}/throughput_hi"] = e.throughput.hi
+    summary["gear_report/failed_runs"] = len(reading.failed)
+    return summary
+
+
+STYLE = {FASTER: "green", SLOWER: "red", NOISE: "dim", BASELINE: "bold", DID_NOT_ACT: "dim"}
+
+
+def print_tables(reading: Reading, title: str) -> None:
+    console = Console(width=200)
+    sections = [
+        (title, RANKED_COLUMNS, [(ranked_cells(e), STYLE[e.klass]) for e in reading.ranked]),
+        ("did not act here", IDLE_COLUMNS, [(idle_cells(e), "dim") for e in reading.idle]),
+        ("combinations", COMBO_COLUMNS, [(combo_cells(c), None) for c in reading.combos]),
+        (
+            "failed runs",
+            ("configuration", "folder"),
+            [([n, str(f)], "red") for n, f in reading.failed],
+        ),
+    ]
+    for name, columns, rows in sections:
+        if not rows:
+            continue
+        table = Table(title=name)
+        for column in columns:
+            numeric = column in ("pairs", "samples/s", "data wait", "loss")
+            table.add_column(column, justify="right" if numeric else "left")
+        for cells, style in rows:
+            table.add_row(*cells, style=style)
+        console.print(table)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Gear report of a sweep folder")
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--no-plot", action="store_true", help="no report.png")
+    parser.add_argument("--no-wandb", action="store_true", help="nothing to the W&B group")
     args = parser.parse_args()
     runs = load_runs(args.folder)
     if not runs:
         raise SystemExit(f"error: no run folders (with .hydra/) under {args.folder}")
-    table = rows(runs)
+    reading = read(runs)
     title = f"gear report: {args.folder}"
-    (args.folder / "report.md").write_text(markdown(table, title))
-    if not args.no_plot:
-        plot(table, args.folder / "report.png", title)
-    console_table = Table(title=title)
-    for column in COLUMNS:
-        console_table.add_column(column, justify="left" if column == "run" else "right")
-    for row in table:
-        console_table.add_row(*cells(row), style="red" if row["status"] == "failed" else None)
-    Console(width=160).print(console_table)
+    (args.folder / "report.md").write_text(markdown(reading, title))
+    (args.folder / "report.json").write_text(json.dumps(as_json(reading), indent=2) + "\n")
+    chart = None
+    if not args.no_plot and reading.baseline:
+        from report_chart import plot
+
+        chart = args.folder / "report.png"
+        plot(reading, chart, title)
+    if not args.no_wandb and reading.baseline:
+        from report_wandb import log_to_group
+
+        folders = [r.folder for r in runs]
+        log_to_group(args.folder, folders, wandb_tables(reading), wandb_summary(reading), chart)
+    print_tables(reading, title)
 
 
 if __name__ == "__main__":
