@@ -37,6 +37,7 @@ from gearshift.observe.metrics import PerfMeter
 from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
 from gearshift.observe.profiler import Profiler
+from gearshift.observe.reporter import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, gather_sum_max, rank_zero_value, wrap_model
 from gearshift.state.best import BestTracker, build_tracker
 from gearshift.state.checkpointer import (
@@ -120,6 +121,7 @@ class Run(Parts):
     losses: LossWatch
     profiler: Profiler
     memory_history: MemoryHistory
+    reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
 
 
 def build_parts(
@@ -288,6 +290,7 @@ def build_run(
         checkpointer.restore(saved)
         parts.transforms.start_at(position.epoch * batches_per_epoch + position.batch)
     profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+    reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
     meter = PerfMeter(device, cfg.warmup_steps)
     meter.leave_out(profiler.window)  # the profiled steps run slower
     # each step's loss on the device, read at log steps; on_nonfinite acts on it
@@ -312,5 +315,5 @@ def build_run(
         strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
         total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
         mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
-        memory_history=memory_history,
+        memory_history=memory_history, reporter=reporter,
     )  # fmt: skip

@@ -111,6 +111,7 @@ class Trainer:
         self.ema_val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
         self.validated_step: int | None = None  # the end validates once
         self.stop_agreed = False  # several ranks stop together, deciding at a log step
+        self.pruned_at: int | None = None  # the step the study's pruner stopped this trial at
         self.logger: NullLogger = NullLogger()
 
     # ------------------------------------------------------------------ the loop
@@ -173,8 +174,9 @@ class Trainer:
 
     @property
     def finished(self) -> bool:
-        """The last step is done, or early stopping ended the run."""
-        return self.position.step >= self.total_steps or self.best.should_stop
+        """The last step is done, or early stopping or the study's pruner ended the run."""
+        p = self.position
+        return p.step >= self.total_steps or self.best.should_stop or self.pruned_at is not None
 
     def train_step(self, micro_batches: Iterable[Any]) -> None:
         """One optimizer step: forward and backward over the window's micro-batches, the
@@ -243,6 +245,10 @@ class Trainer:
                 "early stop at step %d: %s has not improved on %s (step %s) for %d validations",
                 step, self.best.metric, self.best.value, self.best.step, self.best.bad_validations,
             )  # fmt: skip
+        if self.run.reporter.report(step, judged[self.best.metric]):
+            self.pruned_at = step  # `finished`: the loop saves, then summarizes
+            if self.ranks.is_zero:
+                log.info("pruned at step %d: the study's pruner stopped this trial", step)
         self.meter.resume()  # validation time is not training time
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -324,6 +330,12 @@ class Trainer:
             batch_size_auto=self.run.batch_choice is not None,
         )  # fmt: skip
 
+    def stop_reason(self) -> str:
+        """summary.json's `stop_reason`: why the loop ended."""
+        if self.pruned_at is not None:
+            return "pruned"
+        return "early_stop" if self.position.step < self.total_steps else "completed"
+
     def summarize(self) -> dict[str, Any]:
         """summary.json (rank 0 writes it), the log line and the closing table."""
         p, run = self.position, self.run
@@ -336,7 +348,7 @@ class Trainer:
             **token_summary(summary, self.task.tokens_per_sample),
             "batch_size_finder": run.batch_choice.as_dict() if run.batch_choice else None,
             "advice": [finding.as_dict() for finding in run.advice],
-            "stop_reason": "early_stop" if p.step < self.total_steps else "completed",
+            "stop_reason": self.stop_reason(),
             "best": self.best.summary(self.checkpointer.best_path),
             "ema": None if self.ema is None else {"decay": self.ema.decay, **self.ema_val},
             "profile": self.profiler.finish(),
