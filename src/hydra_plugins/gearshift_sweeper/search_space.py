@@ -51,8 +51,11 @@ def parse_search_space(params: Mapping[str, str] | None, arguments: list[str]) -
         if not override.is_sweep_override():
             space.fixed.append(override.input_line)
             continue
-        key = override.get_key_element()
+        key = override.get_key_element()  # the command line's wins over the preset's
         space.distributions[key], values = distribution(override)
+        space.grid.pop(key, None)
+        if key in space.not_gridded:
+            space.not_gridded.remove(key)
         if values is None:
             space.not_gridded.append(key)
         else:

@@ -58,7 +58,15 @@ def build_sampler(name: str, seed: int | None, grid: dict[str, list[Any]]) -> An
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        return optuna.samplers.GridSampler(grid, seed=seed)
+
+        class AskTellGridSampler(optuna.samplers.GridSampler):
+            """GridSampler stops the study when its grid is walked, which outside
+            `study.optimize` raises; the sweeper asks for no more than the grid holds."""
+
+            def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+                pass
+
+        return AskTellGridSampler(grid, seed=seed)
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed)
     if name == "gp":
@@ -66,6 +74,13 @@ def build_sampler(name: str, seed: int | None, grid: dict[str, list[Any]]) -> An
     raise StudyError(
         f"hydra.sweeper.sampler={name!r} is not allowed; choose one of: {', '.join(SAMPLERS)}"
     )
+
+
+def grid_size(grid: dict[str, list[Any]]) -> int:
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    return size
 
 
 def check_sampler(name: str, not_gridded: list[str]) -> None:

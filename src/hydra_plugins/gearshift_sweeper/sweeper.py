@@ -40,6 +40,7 @@ from hydra_plugins.gearshift_sweeper.study import (
     build_sampler,
     check_journal_path,
     check_sampler,
+    grid_size,
     journal_path,
     open_storage,
 )
@@ -83,7 +84,7 @@ class OptunaSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         storage_url = str(journal) if journal is not None else p["storage"]
         storage = open_storage(storage_url)
-        pruner_args = dict(p.get("pruner_args") or {})
+        pruner_args = given(p.get("pruner_args"))
         study = optuna.create_study(
             study_name=p["study_name"],
             storage=storage,
@@ -93,9 +94,16 @@ class OptunaSweeper(Sweeper):
             load_if_exists=True,
         )
         study.set_user_attr(PRUNER_KEY, {"name": p["pruner"], "args": pruner_args})
-        trials = study.get_trials(deepcopy=False)
-        interrupted = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
-        to_ask = max(p["n_trials"] - len(trials), 0)
+        if not study.get_trials(deepcopy=False):  # a new study: the given points first
+            for params in p.get("enqueue") or []:
+                study.enqueue_trial(params)
+        trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+        interrupted = [t for t in trials if t.state == TrialState.RUNNING]
+        n_trials = p["n_trials"]
+        if p["sampler"] == "grid" and n_trials > grid_size(space.grid):
+            n_trials = grid_size(space.grid)
+            log.info("sampler grid: %d trials, one per point of the grid", n_trials)
+        to_ask = max(n_trials - len(trials), 0)
         log.info(
             "study %r in %s: %d trials so far, %d to resume, %d to ask for, %d at once",
             p["study_name"], storage_url, len(trials), len(interrupted), to_ask, p["n_jobs"],
@@ -135,7 +143,7 @@ class OptunaSweeper(Sweeper):
         p = self.params
         space = parse_search_space(p.get("params"), arguments)
         check_sampler(p["sampler"], space.not_gridded)
-        build_pruner(p["pruner"], dict(p.get("pruner_args") or {}))
+        build_pruner(p["pruner"], given(p.get("pruner_args")))
         if p["direction"] not in DIRECTIONS:
             raise StudyError(
                 f"hydra.sweeper.direction={p['direction']!r} is not allowed; choose one of: "
@@ -182,8 +190,13 @@ class OptunaSweeper(Sweeper):
         return None
 
     def finish(self, study: Any, sweep_dir: Path, failures: list[str]) -> Any:
-        """optimization_results.yaml: the best trial (when one completed)."""
+        """The report (study_report.md and its plots) and optimization_results.yaml, the
+        best trial (when one completed)."""
         from optuna.trial import TrialState
+
+        from hydra_plugins.gearshift_sweeper.report import write_report
+
+        log.info("report: %s", write_report(study, sweep_dir))
 
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if not complete:
@@ -200,6 +213,11 @@ class OptunaSweeper(Sweeper):
         return results
 
 
+def given(args: dict[str, Any] | None) -> dict[str, Any]:
+    """The keyword arguments set (not null)."""
+    return {key: value for key, value in (args or {}).items() if value is not None}
+
+
 def override_value(value: Any) -> str:
     """A sampled value as a command-line override's value."""
     if value is None:
@@ -207,6 +225,25 @@ def override_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+@dataclass
+class PrunerArgs:
+    """The pruner's keyword arguments (Optuna's names); null ones are left to its defaults.
+    median: n_startup_trials, n_warmup_steps, interval_steps, n_min_trials;
+    successive_halving: min_resource, reduction_factor, min_early_stopping_rate,
+    bootstrap_count; hyperband: min_resource, max_resource, reduction_factor, bootstrap_count.
+    Steps are optimizer steps: the trainer reports at each validation (val_every_n_steps)."""
+
+    n_startup_trials: int | None = None  # trials that complete before any is pruned
+    n_warmup_steps: int | None = None  # steps of a trial before it may be pruned
+    interval_steps: int | None = None
+    n_min_trials: int | None = None
+    min_resource: Any = None  # int or "auto"
+    max_resource: Any = None  # int or "auto"
+    reduction_factor: int | None = None
+    min_early_stopping_rate: int | None = None
+    bootstrap_count: int | None = None
 
 
 @dataclass
@@ -221,7 +258,10 @@ class OptunaSweeperConf:
     sampler: str = "tpe"  # tpe | random | grid | cmaes | gp
     seed: int | None = 0  # the sampler's
     pruner: str = "none"  # none | median | successive_halving | hyperband
-    pruner_args: dict[str, Any] = field(default_factory=dict)  # the pruner's keyword arguments
+    pruner_args: PrunerArgs = field(default_factory=PrunerArgs)
+    # points to try first, before the sampler's (Optuna's enqueue_trial), in a new study:
+    # [{optimizer.lr: 0.1, batch_size: 64}, ...]; keys left out are sampled
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
     # key: choice(...) | range(start, stop, step) | interval(low, high) | tag(log, interval(...))
     params: dict[str, str] | None = None
 
