@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -189,3 +190,33 @@ def test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder(tmp_path, ov
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
     assert not (tmp_path / "search").exists()
+
+
+def readme_commands() -> list[list[str]]:
+    """The commands of README's Optuna section, each as its words."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Hyper-parameter search (Optuna)", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_commands_search_prune_and_report(tmp_path):
+    _, search, report = readme_commands()
+    assert search[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
+    # the README's command, made tiny: later overrides win
+    small = ("hydra.sweeper.n_trials=2", "max_steps=4", "val_every_n_steps=2")
+    done = sweep(tmp_path, *search[4:], *small)
+    assert done.returncode == 0, done.stderr
+    sweep_dir = tmp_path / "multirun" / "lr"
+    trials = load(sweep_dir).trials
+    assert len(trials) == 2 and all(len(t.intermediate_values) >= 1 for t in trials)
+    assert report[:3] == ["python", "-m", "hydra_plugins.gearshift_sweeper.report"]
+    (sweep_dir / "study_report.md").unlink()
+    made = subprocess.run(
+        [sys.executable, *report[1:]], cwd=tmp_path, capture_output=True, text=True,
+        timeout=seconds(120),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    table = (sweep_dir / "study_report.md").read_text()
+    assert "| 0 | " in table and "| 1 | " in table
+    assert (sweep_dir / "optimization_history.png").stat().st_size > 0
