@@ -32,11 +32,12 @@ from gearshift.engine.runtime import configure_backends, configure_determinism, 
 from gearshift.models.blocks import model_blocks
 from gearshift.models.build import build_model, compile_model, resolve_compile
 from gearshift.observe.advisor import Finding, advise, log_findings
-from gearshift.observe.memory_snapshot import MemoryHistory
+from gearshift.observe.memory_snapshot import MemoryHistory, out_of_memory_message
 from gearshift.observe.metrics import PerfMeter
 from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
 from gearshift.observe.profiler import Profiler
+from gearshift.observe.reporter import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, gather_sum_max, rank_zero_value, wrap_model
 from gearshift.state.best import BestTracker, build_tracker
 from gearshift.state.checkpointer import (
@@ -120,6 +121,18 @@ class Run(Parts):
     losses: LossWatch
     profiler: Profiler
     memory_history: MemoryHistory
+    reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
+
+    def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
+        """The line an out-of-memory error at `step` ends the run with (the allocator's
+        history dumped first), naming the memory gears that are not on yet."""
+        snapshot = self.memory_history.dump()
+        self.memory_history.stop()
+        return out_of_memory_message(
+            error, step, self.cfg.batch_size, snapshot,
+            amp=self.precision.dtype is not None, checkpointing=self.gears["checkpointing"],
+            batch_size_auto=self.batch_choice is not None,
+        )  # fmt: skip
 
 
 def build_parts(
@@ -291,6 +304,7 @@ def build_run(
         )
         parts.transforms.start_at(batches)  # per-batch random draws continue where they were
     profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+    reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
     meter = PerfMeter(device, cfg.warmup_steps)
     meter.leave_out(profiler.window)  # the profiled steps run slower
     # each step's loss on the device, read at log steps; on_nonfinite acts on it
@@ -315,5 +329,5 @@ def build_run(
         strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
         total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
         mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
-        memory_history=memory_history,
+        memory_history=memory_history, reporter=reporter,
     )  # fmt: skip

@@ -31,7 +31,6 @@ from gearshift.engine.optim import clip_grad_norm
 from gearshift.engine.runtime import resolve_device
 from gearshift.observe.console import progress_bar
 from gearshift.observe.loggers import NullLogger, build_logger
-from gearshift.observe.memory_snapshot import out_of_memory_message
 from gearshift.observe.metrics import Interval, memory_metrics, peak_memory
 from gearshift.observe.nonfinite import NONE, nonfinite_message
 from gearshift.observe.summary import finished_summary, make_summary, write_summary
@@ -114,6 +113,7 @@ class Trainer:
         self.ema_val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
         self.validated_step: int | None = None  # the end validates once
         self.stop_agreed = False  # several ranks stop together, deciding at a log step
+        self.pruned_at: int | None = None  # the step the study's pruner stopped this trial at
         self.logger: NullLogger = NullLogger()
 
     def fit(self) -> RunResult:
@@ -149,7 +149,7 @@ class Trainer:
         except DataError as error:  # found mid-epoch: checkpoint, then one line naming it
             raise error.after(self.save_at_last_step()) from None
         except torch.OutOfMemoryError as error:
-            raise TrainingFailed(self.out_of_memory(error)) from None
+            raise TrainingFailed(run.out_of_memory(error, p.step + 1)) from None
         finally:
             self.profiler.finish()  # a run cut short keeps the profiled steps it made
             run.memory_history.dump()
@@ -173,11 +173,12 @@ class Trainer:
 
     @property
     def finished(self) -> bool:
-        """The last step or epoch is done, or early stopping ended the run. (Epochs count on
-        their own: a run resumed with another batch size takes other steps per epoch.)"""
+        """The last step or epoch is done, or early stopping or the study's pruner ended the
+        run. (Epochs count on their own: a resume with another batch size takes other steps.)"""
         p = self.position
         epochs = p.epoch + p.epoch_done
-        return p.step >= self.max_steps or epochs >= self.epochs or self.best.should_stop
+        stopped = self.best.should_stop or self.pruned_at is not None
+        return p.step >= self.max_steps or epochs >= self.epochs or stopped
 
     def train_step(self, window: Window) -> None:
         """One optimizer step: forward and backward over the window's micro-batches, the
@@ -244,6 +245,8 @@ class Trainer:
                 "early stop at step %d: %s has not improved on %s (step %s) for %d validations",
                 step, self.best.metric, self.best.value, self.best.step, self.best.bad_validations,
             )  # fmt: skip
+        if self.run.reporter.report(step, judged[self.best.metric]):  # a study's pruner
+            self.pruned_at = step  # `finished`: the loop saves, then summarizes
         self.meter.resume()  # validation time is not training time
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -315,15 +318,10 @@ class Trainer:
             step, self.position.step, self.checkpointer.latest(), self.cfg.on_nonfinite
         )
 
-    def out_of_memory(self, error: torch.OutOfMemoryError) -> str:
-        """The line an out-of-memory error ends the run with (the snapshot dumped first)."""
-        snapshot = self.run.memory_history.dump()
-        self.run.memory_history.stop()
-        return out_of_memory_message(
-            error, self.position.step + 1, self.cfg.batch_size, snapshot,
-            amp=self.precision.dtype is not None, checkpointing=self.run.gears["checkpointing"],
-            batch_size_auto=self.run.batch_choice is not None,
-        )  # fmt: skip
+    @property
+    def stop_reason(self) -> str:
+        pruned, early = self.pruned_at is not None, self.best.should_stop
+        return "pruned" if pruned else "early_stop" if early else "completed"
 
     def summarize(self) -> dict[str, Any]:
         """summary.json (rank 0 writes it), the log line and the closing table."""
@@ -337,7 +335,7 @@ class Trainer:
             **token_summary(summary, self.task.tokens_per_sample),
             "batch_size_finder": run.batch_choice.as_dict() if run.batch_choice else None,
             "advice": [finding.as_dict() for finding in run.advice],
-            "stop_reason": "early_stop" if self.best.should_stop else "completed",
+            "stop_reason": self.stop_reason,
             "best": self.best.summary(self.checkpointer.best_path),
             "ema": None if self.ema is None else {"decay": self.ema.decay, **self.ema_val},
             "profile": self.profiler.finish(),

@@ -171,6 +171,18 @@ class ProfileConfig:
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
 
 
+@dataclass
+class TrialConfig:
+    """A run that is one trial of a study: the sweeper (hydra/sweeper=gearshift_optuna) sets
+    this node for each trial it launches; a run of its own leaves it null. build.py builds
+    `reporter` with the other keys, and the Trainer reports every validation to it."""
+
+    reporter: str | None = None  # the reporter's class (module.Name); null: the run reports nowhere
+    storage: str | None = None  # where the study lives: a journal file, or a database URL
+    study: str | None = None  # the study's name
+    number: int | None = None  # the trial's number (= its run folder under the sweep folder)
+
+
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the CUDA device N
 DETERMINISTIC = (True, False, "warn")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -212,6 +224,7 @@ class Config:
     progress_bar: bool = True
     on_nonfinite: str = "stop"  # ON_NONFINITE, for a NaN/inf loss: exit 1, or skip its update
     trainer: str = TRAINER  # or a subclass of yours: mypackage.MyTrainer
+    trial: TrialConfig = field(default_factory=TrialConfig)
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

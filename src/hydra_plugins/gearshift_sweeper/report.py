@@ -1,0 +1,125 @@
+"""The report of a study: `study_report.md` in the sweep folder, with the best trial, the
+trial table (state, params, objective, steps trained, pruned at) and two plots by Optuna's
+matplotlib visualisers (`optimization_history.png`, `param_importances.png`).
+
+The sweeper writes it when the sweep ends; for a sweep folder by hand (a study still running,
+one that was killed): `python -m hydra_plugins.gearshift_sweeper.report <sweep dir>`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PRUNED_AT = "pruned_at_step"  # reporter.py's
+
+
+def write_report(study: Any, sweep_dir: Path, plots: bool = True) -> Path:
+    """study_report.md (and the plots, `plots`) in `sweep_dir`; returns the report's path."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    keys = sorted({key for t in trials for key in t.params})
+    lines = [f"# Study {study.study_name}", ""]
+    direction = study.direction.name.lower()
+    states = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+    counted = ", ".join(f"{n} {s}" for s, n in states.items() if n)
+    lines += [f"{len(trials)} trials ({counted}); direction: {direction}.", ""]
+    if complete:
+        best = study.best_trial
+        chosen = ", ".join(f"{k}={v}" for k, v in best.params.items())
+        lines += [f"Best: trial {best.number}, value {best.value:.6g} ({chosen}).", ""]
+    lines += [
+        "| trial | state | " + " | ".join(keys) + " | value | steps | pruned at |",
+        "|---|---|" + "---|" * len(keys) + "---|---|---|",
+    ]
+    for t in trials:
+        params = " | ".join(_cell(t.params.get(k)) for k in keys)
+        value = "" if t.value is None else f"{t.value:.6g}"
+        pruned_at = _cell(t.user_attrs.get(PRUNED_AT))
+        row = f"| {t.number} | {t.state.name.lower()} | {params} | {value} | "
+        lines.append(row + f"{_cell(steps_trained(sweep_dir, t.number))} | {pruned_at} |")
+    if plots:
+        lines += ["", *write_plots(study, sweep_dir, len(complete))]
+    path = sweep_dir / "study_report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def steps_trained(sweep_dir: Path, number: int) -> int | None:
+    """The optimizer steps trial `number`'s run trained (its summary.json), if it ended."""
+    summary = sweep_dir / str(number) / "summary.json"
+    return json.loads(summary.read_text())["steps"] if summary.is_file() else None
+
+
+def write_plots(study: Any, sweep_dir: Path, completed: int) -> list[str]:
+    """The plots Optuna can draw of this study; the report's lines that show them."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a cluster node
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as plots
+
+    lines = []
+    wanted = [("optimization_history", plots.plot_optimization_history, 1)]
+    wanted.append(("param_importances", plots.plot_param_importances, 2))
+    for name, plot, needs in wanted:
+        if completed < needs:
+            lines.append(f"({name}: needs {needs} completed trials)")
+            continue
+        try:
+            with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental
+                warnings.simplefilter("ignore")
+                axes = plot(study)
+        except (ValueError, RuntimeError) as error:  # e.g. a single value everywhere
+            lines.append(f"({name}: {error})")
+            continue
+        axes.figure.savefig(sweep_dir / f"{name}.png", dpi=100, bbox_inches="tight")
+        plt.close(axes.figure)
+        lines.append(f"![{name}]({name}.png)")
+    return lines
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_dir", type=Path)
+    parser.add_argument("--study", help="the study's name (default: the only one)")
+    parser.add_argument("--no-plot", action="store_true", help="the table only")
+    args = parser.parse_args(argv)
+    journal = args.sweep_dir / "study.journal"
+    if not journal.is_file():
+        print(f"error: {journal} does not exist; is {args.sweep_dir} a study's sweep folder?",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
+    name = args.study or (names[0] if len(names) == 1 else None)
+    if name not in names:
+        print(f"error: --study={args.study!r} is not allowed; choose one of: {', '.join(names)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    study = optuna.load_study(study_name=name, storage=storage)
+    print(write_report(study, args.sweep_dir, plots=not args.no_plot))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,271 @@
+"""`hydra/sweeper=gearshift_optuna`: an Optuna (>= 4) study driven by ask and tell.
+
+- Trials run side by side, up to `n_jobs` at once, each through the configured launcher
+  (`launcher.launch([its overrides], its number)`, one call per trial from a pool of
+  `n_jobs` threads): when one ends, the next is asked for at once; no batch waits for its
+  slowest trial. The study is asked and told on the sweep's own thread only.
+- The study lives in a journal file, `<sweep dir>/study.journal` by default (Optuna's
+  JournalStorage: a plain append-only file, fine on a shared file system). Running the same
+  command with the same `hydra.sweep.dir` continues it: finished trials stay, `n_trials` is
+  the total, and a trial that was running when the sweep died is launched again under its
+  own number, in its own run folder, where `resume=auto` continues from its checkpoint.
+- Each trial's run gets the `trial` node (its storage, study name and number, and the
+  reporter class): the run reports its monitor at every validation, and the pruner can
+  stop it (summary.json's `stop_reason: pruned`); the sweeper then tells the study PRUNED.
+
+Trial number = Hydra job number = run folder name (`<sweep dir>/<number>`). (No
+`from __future__ import annotations`: Hydra loads plugin modules outside sys.modules.)
+"""
+
+import logging
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.core.utils import JobStatus
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+from hydra_plugins.gearshift_sweeper.reporter import PRUNED_AT
+from hydra_plugins.gearshift_sweeper.search_space import SearchSpaceError, parse_search_space
+from hydra_plugins.gearshift_sweeper.study import (
+    PRUNER_KEY,
+    StudyError,
+    build_pruner,
+    build_sampler,
+    check_journal_path,
+    check_sampler,
+    grid_size,
+    journal_path,
+    open_storage,
+)
+
+log = logging.getLogger(__name__)
+
+DIRECTIONS = ("minimize", "maximize")
+EXIT_BAD_CONFIG = 2
+REPORTER = "hydra_plugins.gearshift_sweeper.reporter.OptunaReporter"
+
+
+class OptunaSweeper(Sweeper):
+    def __init__(self, **params: Any) -> None:
+        # plain values: the nodes come as DictConfigs, resolved against the whole config
+        self.params = {
+            k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+            for k, v in params.items()
+        }
+        self.config: DictConfig | None = None
+        self.launcher: Any = None
+
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        self.config = config
+        self.launcher = Plugins.instance().instantiate_launcher(
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
+
+    def sweep(self, arguments: list[str]) -> Any:
+        import optuna
+        from optuna.trial import TrialState
+
+        p = self.params
+        try:
+            space, journal = self.check(arguments)
+        except (SearchSpaceError, StudyError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(EXIT_BAD_CONFIG) from None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        storage_url = str(journal) if journal is not None else p["storage"]
+        storage = open_storage(storage_url)
+        pruner_args = given(p.get("pruner_args"))
+        study = optuna.create_study(
+            study_name=p["study_name"],
+            storage=storage,
+            sampler=build_sampler(p["sampler"], p["seed"], space.grid),
+            pruner=build_pruner(p["pruner"], pruner_args),
+            direction=p["direction"],
+            load_if_exists=True,
+        )
+        study.set_user_attr(PRUNER_KEY, {"name": p["pruner"], "args": pruner_args})
+        if not study.get_trials(deepcopy=False):  # a new study: the given points first
+            for params in p.get("enqueue") or []:
+                study.enqueue_trial(params)
+        trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+        interrupted = [t for t in trials if t.state == TrialState.RUNNING]
+        n_trials = p["n_trials"]
+        if p["sampler"] == "grid" and n_trials > grid_size(space.grid):
+            n_trials = grid_size(space.grid)
+            log.info("sampler grid: %d trials, one per point of the grid", n_trials)
+        to_ask = max(n_trials - len(trials), 0)
+        log.info(
+            "study %r in %s: %d trials so far, %d to resume, %d to ask for, %d at once",
+            p["study_name"], storage_url, len(trials), len(interrupted), to_ask, p["n_jobs"],
+        )  # fmt: skip
+        trial_node = {"storage": storage_url, "study": p["study_name"]}
+
+        def overrides(number: int, params: dict[str, Any]) -> list[str]:
+            chosen = [f"{key}={override_value(value)}" for key, value in params.items()]
+            node = trial_node | {"number": number, "reporter": REPORTER}
+            return [*space.fixed, *chosen, *(f"trial.{k}={v}" for k, v in node.items())]
+
+        failures = []
+        with ThreadPoolExecutor(max_workers=p["n_jobs"], thread_name_prefix="trial") as pool:
+            running: dict[Future, int] = {}
+            while interrupted or to_ask or running:
+                while len(running) < p["n_jobs"] and (interrupted or to_ask):
+                    if interrupted:
+                        frozen = interrupted.pop(0)
+                        number, params = frozen.number, frozen.params
+                        log.info("trial %d: resumed (it was running when the sweep ended)", number)
+                    else:
+                        trial = study.ask(space.distributions)
+                        number, params, to_ask = trial.number, trial.params, to_ask - 1
+                    job = overrides(number, params)
+                    running[pool.submit(self.launch_one, job, number)] = number
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    number = running.pop(future)
+                    if (failure := self.tell(study, number, future)) is not None:
+                        failures.append(failure)
+        return self.finish(study, sweep_dir, failures)
+
+    def check(self, arguments: list[str]) -> tuple[Any, Path | None]:
+        """Every setting, before anything is written: bad input ends the sweep with one line."""
+        from hydra._internal.core_plugins.basic_launcher import BasicLauncher
+
+        p = self.params
+        space = parse_search_space(p.get("params"), arguments)
+        check_sampler(p["sampler"], space.not_gridded)
+        build_pruner(p["pruner"], given(p.get("pruner_args")))
+        if p["direction"] not in DIRECTIONS:
+            raise StudyError(
+                f"hydra.sweeper.direction={p['direction']!r} is not allowed; choose one of: "
+                f"{', '.join(DIRECTIONS)}"
+            )
+        for key in ("n_trials", "n_jobs"):
+            if not isinstance(p[key], int) or p[key] < 1:
+                raise StudyError(f"hydra.sweeper.{key}={p[key]!r} is not allowed; an integer >= 1")
+        if p["n_jobs"] > 1 and isinstance(self.launcher, BasicLauncher):
+            raise StudyError(
+                f"hydra.sweeper.n_jobs={p['n_jobs']} is not allowed with hydra/launcher=basic, "
+                "which runs jobs inside the sweep's process; use hydra/launcher=processes or slurm"
+            )
+        journal = journal_path(p.get("storage"), Path(str(self.config.hydra.sweep.dir)))
+        if journal is not None:
+            check_journal_path(journal.absolute())
+        return space, journal
+
+    def launch_one(self, overrides: list[str], number: int) -> Any:
+        """One trial through the launcher (on a pool thread): it returns when the run ends."""
+        [result] = self.launcher.launch([overrides], initial_job_idx=number)
+        return result
+
+    def tell(self, study: Any, number: int, future: Future) -> str | None:
+        """Tell the study how trial `number` ended; the failure's words when it failed."""
+        from optuna.trial import TrialState
+
+        try:
+            result = future.result()
+            if result.status == JobStatus.FAILED:
+                result.return_value  # noqa: B018  (raises the job's exception)
+            value = float(result.return_value)
+        except BaseException as error:  # a failed run, or a job the launcher lost
+            study.tell(number, state=TrialState.FAIL)
+            log.error("trial %d failed: %s", number, error)
+            return f"trial {number}: {error}"
+        attrs = study.get_trials(deepcopy=False)[number].user_attrs
+        if PRUNED_AT in attrs:
+            study.tell(number, state=TrialState.PRUNED)
+            log.info("trial %d pruned at step %d", number, attrs[PRUNED_AT])
+        else:
+            study.tell(number, value)
+            log.info("trial %d: %s", number, value)
+        return None
+
+    def finish(self, study: Any, sweep_dir: Path, failures: list[str]) -> Any:
+        """The report (study_report.md and its plots) and optimization_results.yaml, the
+        best trial (when one completed)."""
+        from optuna.trial import TrialState
+
+        from hydra_plugins.gearshift_sweeper.report import write_report
+
+        log.info("report: %s", write_report(study, sweep_dir))
+
+        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if not complete:
+            raise RuntimeError("no trial completed" + (f"; {failures[0]}" if failures else ""))
+        best = study.best_trial
+        results = {
+            "name": study.study_name,
+            "best_trial": best.number,
+            "best_params": best.params,
+            "best_value": best.value,
+        }
+        OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
+        log.info("best trial %d: %s = %s", best.number, best.params, best.value)
+        return results
+
+
+def given(args: dict[str, Any] | None) -> dict[str, Any]:
+    """The keyword arguments set (not null)."""
+    return {key: value for key, value in (args or {}).items() if value is not None}
+
+
+def override_value(value: Any) -> str:
+    """A sampled value as a command-line override's value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+@dataclass
+class PrunerArgs:
+    """The pruner's keyword arguments (Optuna's names); null ones are left to its defaults.
+    median: n_startup_trials, n_warmup_steps, interval_steps, n_min_trials;
+    successive_halving: min_resource, reduction_factor, min_early_stopping_rate,
+    bootstrap_count; hyperband: min_resource, max_resource, reduction_factor, bootstrap_count.
+    Steps are optimizer steps: the trainer reports at each validation (val_every_n_steps)."""
+
+    n_startup_trials: int | None = None  # trials that complete before any is pruned
+    n_warmup_steps: int | None = None  # steps of a trial before it may be pruned
+    interval_steps: int | None = None
+    n_min_trials: int | None = None
+    min_resource: Any = None  # int or "auto"
+    max_resource: Any = None  # int or "auto"
+    reduction_factor: int | None = None
+    min_early_stopping_rate: int | None = None
+    bootstrap_count: int | None = None
+
+
+@dataclass
+class OptunaSweeperConf:
+    _target_: str = "hydra_plugins.gearshift_sweeper.sweeper.OptunaSweeper"
+    direction: str = "minimize"  # or maximize (the presets: the task's mode)
+    study_name: str = "study"
+    # null: <sweep dir>/study.journal; a path: that journal file; a database URL (sqlite:///...)
+    storage: str | None = None
+    n_trials: int = 20  # in all, counting the trials of earlier runs of the same study
+    n_jobs: int = 1  # trials at once (each in its own process or job: launcher processes/slurm)
+    sampler: str = "tpe"  # tpe | random | grid | cmaes | gp
+    seed: int | None = 0  # the sampler's
+    pruner: str = "none"  # none | median | successive_halving | hyperband
+    pruner_args: PrunerArgs = field(default_factory=PrunerArgs)
+    # points to try first, before the sampler's (Optuna's enqueue_trial), in a new study:
+    # [{optimizer.lr: 0.1, batch_size: 64}, ...]; keys left out are sampled
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+    # key: choice(...) | range(start, stop, step) | interval(low, high) | tag(log, interval(...))
+    params: dict[str, str] | None = None
+
+
+ConfigStore.instance().store(
+    group="hydra/sweeper", name="gearshift_optuna", node=OptunaSweeperConf, provider="gearshift"
+)

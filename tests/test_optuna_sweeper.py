@@ -1,0 +1,222 @@
+"""The Optuna sweeper (hydra/sweeper=gearshift_optuna) with the local process launcher:
+trials side by side without a batch barrier, pruning, a study that survives a killed sweep,
+and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from helpers import ROOT, seconds
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
+
+TINY = (
+    "hparams_search=lr_batch",
+    "logger=none",
+    "model=mlp",
+    "progress_bar=false",
+    "data.num_samples=256",
+    "data.num_val_samples=64",
+    "data.image_size=16",
+    "warmup_steps=0",
+    "batch_size=32",
+)
+
+
+def env(tmp_path) -> dict[str, str]:
+    return {**os.environ, "WANDB_MODE": "offline", "HOME": str(tmp_path)}
+
+
+def command(*overrides: str) -> list[str]:
+    return [sys.executable, str(ROOT / "train.py"), "-m", *TINY, *overrides]
+
+
+def sweep(tmp_path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(*overrides),
+        cwd=tmp_path,
+        env=env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=seconds(timeout),
+    )
+
+
+def load(sweep_dir, name: str = "lr_batch") -> optuna.Study:
+    storage = JournalStorage(JournalFileBackend(str(sweep_dir / "study.journal")))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def summary(sweep_dir, number: int) -> dict:
+    return json.loads((sweep_dir / str(number) / "summary.json").read_text())
+
+
+def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
+    sweep_dir = tmp_path / "search"
+    done = sweep(
+        tmp_path,
+        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.sampler=random",
+        "batch_size=choice(32)",
+        "max_steps=choice(2, 16)",  # a command-line sweep is searched too: slow and fast trials
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert done.returncode == 0, done.stderr
+    trials = load(sweep_dir).trials
+    assert [t.number for t in trials] == list(range(6))
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    # No batch barrier: some trial was asked for after one trial ended while another, which
+    # began before that end, still ran. Batches of two never do that: a batch starts when
+    # both trials of the last one have ended.
+    spans = [(t.datetime_start, t.datetime_complete) for t in trials]
+    assert any(
+        r_end <= t_start < s_end and s_start < r_end
+        for (_, r_end) in spans
+        for (s_start, s_end) in spans
+        for (t_start, _) in spans
+    ), spans
+    for t in trials:  # each trial's run trained with the values the study holds for it
+        s = summary(sweep_dir, t.number)
+        assert s["steps"] == t.params["max_steps"]
+        assert s["best"]["value"] == pytest.approx(t.value)
+        assert s["stop_reason"] == "completed"
+    best = max(trials, key=lambda t: summary(sweep_dir, t.number)["best"]["value"])
+    assert load(sweep_dir).best_value == pytest.approx(best.value)  # maximize: val_accuracy
+    assert load(sweep_dir).direction == optuna.study.StudyDirection.MAXIMIZE
+
+
+def test_the_median_pruner_stops_a_hopeless_trial_after_its_first_validations(tmp_path):
+    sweep_dir = tmp_path / "search"
+    done = sweep(
+        tmp_path,
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.pruner=median",
+        "hydra.sweeper.pruner_args.n_startup_trials=1",
+        # a learning rate that learns, then one that learns nothing in 12 steps
+        "hydra.sweeper.enqueue=[{optimizer.lr: 0.1}, {optimizer.lr: 0.00000001}]",
+        "optimizer.lr=choice(0.1, 0.00000001)",
+        "batch_size=choice(32)",
+        "max_steps=12",
+        "val_every_n_steps=3",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert done.returncode == 0, done.stderr
+    trials = load(sweep_dir).trials
+    pruned = [t for t in trials if t.state == TrialState.PRUNED]
+    assert trials[1] in pruned, [(t.params, t.state) for t in trials]
+    for t in pruned:
+        s = summary(sweep_dir, t.number)
+        assert t.params["optimizer.lr"] < 1e-6  # only the hopeless ones
+        assert s["stop_reason"] == "pruned"
+        assert s["steps"] < 12 and s["steps"] % 3 == 0  # stopped at a validation
+        assert t.user_attrs["pruned_at_step"] == s["steps"]
+        assert sorted(t.intermediate_values) == list(range(3, s["steps"] + 1, 3))
+        assert list((sweep_dir / str(t.number) / "checkpoints").glob("step_*.pt"))  # it saved
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            assert summary(sweep_dir, t.number)["steps"] == 12
+
+
+def test_a_killed_sweep_continues_where_it_stopped_and_resumes_its_running_trials(tmp_path):
+    sweep_dir = tmp_path / "search"
+    overrides = (
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "max_steps=200",
+        "checkpoint.every_n_steps=10",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    first = subprocess.Popen(
+        command(*overrides),
+        cwd=tmp_path,
+        env=env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # the sweep and its trials' processes: one group to kill
+    )
+    deadline = time.monotonic() + seconds(300)
+    while not list(sweep_dir.glob("*/checkpoints/step_*.pt")):  # a trial is midway
+        assert first.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGKILL)  # the sweep and its trials, at once, like a lost node
+    first.wait()
+    before = load(sweep_dir).trials
+    interrupted = [t.number for t in before if t.state == TrialState.RUNNING]
+    assert interrupted, [t.state for t in before]
+    steps_at_kill = {}
+    for n in interrupted:
+        saved = sorted((sweep_dir / str(n) / "checkpoints").glob("step_*.pt"))
+        if saved:
+            steps_at_kill[n] = int(saved[-1].stem.split("_")[-1])
+    assert steps_at_kill  # at least one interrupted trial had saved
+
+    again = sweep(tmp_path, *overrides)
+    assert again.returncode == 0, again.stderr
+    after = load(sweep_dir).trials
+    assert [t.number for t in after] == [0, 1, 2, 3]  # none lost, none duplicated
+    assert all(t.state == TrialState.COMPLETE for t in after)
+    for t in before:  # the interrupted trials kept the values they were asked with
+        assert after[t.number].params == t.params
+    for n, step in steps_at_kill.items():
+        log = (sweep_dir / str(n) / "train.log").read_text()
+        assert f"at step {step}" in log and "resumed from" in log  # continued, not restarted
+        assert summary(sweep_dir, n)["steps"] == 200
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("hydra.sweeper.sampler=annealing", "hydra.sweeper.sampler='annealing' is not allowed"),
+        ("hydra.sweeper.pruner=asha", "hydra.sweeper.pruner='asha' is not allowed"),
+        ("optimizer.lr=interval(0.5, 0.1)", "needs low < high"),
+        ("batch_size=glob(a*)", "batch_size=glob(a*) is not allowed"),
+        ("hydra.sweeper.storage=afile/study.journal", "afile is a file, not a folder"),
+    ],
+)
+def test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder(tmp_path, override, message):
+    (tmp_path / "afile").write_text("")
+    done = sweep(tmp_path, "hydra.sweep.dir=search", override, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+    assert not (tmp_path / "search").exists()
+
+
+def readme_commands() -> list[list[str]]:
+    """The commands of README's Optuna section, each as its words."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Hyper-parameter search (Optuna)", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_commands_search_prune_and_report(tmp_path):
+    _, search, report = readme_commands()
+    assert search[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
+    # the README's command, made tiny: later overrides win
+    small = ("hydra.sweeper.n_trials=2", "max_steps=4", "val_every_n_steps=2")
+    done = sweep(tmp_path, *search[4:], *small)
+    assert done.returncode == 0, done.stderr
+    sweep_dir = tmp_path / "multirun" / "lr"
+    trials = load(sweep_dir).trials
+    assert len(trials) == 2 and all(len(t.intermediate_values) >= 1 for t in trials)
+    assert report[:3] == ["python", "-m", "hydra_plugins.gearshift_sweeper.report"]
+    (sweep_dir / "study_report.md").unlink()
+    made = subprocess.run(
+        [sys.executable, *report[1:]], cwd=tmp_path, capture_output=True, text=True,
+        timeout=seconds(120),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    table = (sweep_dir / "study_report.md").read_text()
+    assert "| 0 | " in table and "| 1 | " in table
+    assert (sweep_dir / "optimization_history.png").stat().st_size > 0
