@@ -424,6 +424,21 @@ def _check_profile(cfg: DictConfig) -> None:
         )
 
 
+def _check_init_from(cfg: DictConfig) -> None:
+    """model.init_from names a file or a folder (what it holds: state/init_from.py)."""
+    init_from, strict = cfg.model.get("init_from"), cfg.model.get("init_strict", True)
+    if not isinstance(strict, bool):
+        _fail("model.init_strict", strict, "choose true or false")
+    if init_from is None:
+        return
+    if not isinstance(init_from, str) or not Path(init_from).expanduser().exists():
+        _fail(
+            "model.init_from", init_from,
+            "no such file or folder; give a checkpoint, a state dict or a Hugging Face "
+            "GPT-2 folder (or null)",
+        )  # fmt: skip
+
+
 def _check_resume(resume: str | None) -> None:
     if resume not in (None, "auto") and not Path(resume).is_file():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
@@ -488,6 +503,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
+    _check_init_from(cfg)
     _check_ema_and_early_stop(cfg)
     _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
     _check_profile(cfg)

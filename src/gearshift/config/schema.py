@@ -171,6 +171,11 @@ class ProfileConfig:
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
 
 
+# The model node's keys that are the trainer's, not the model's arguments (models/build.py):
+# init_from: a checkpoint or a Hugging Face GPT-2 folder whose weights the model starts from;
+# init_strict: false loads the tensors that fit and lists the rest.
+MODEL_KEYS = {"init_from": None, "init_strict": True}
+
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the CUDA device N
 DETERMINISTIC = (True, False, "warn")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -180,7 +185,9 @@ TRAINER = "gearshift.trainer.Trainer"  # the class every `trainer=` names, or a 
 
 @dataclass
 class Config:
-    model: dict[str, Any] = MISSING  # instantiated through its _target_
+    # instantiated through its _target_; init_from and init_strict are the trainer's
+    # (models/init.py), present in every model node, yours too
+    model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_KEYS))
     data: dict[str, Any] = MISSING  # a source: its _target_ builds the datasets (data/sources.py)
     task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)
     dataloader: DataLoaderConfig = MISSING
