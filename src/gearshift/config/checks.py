@@ -290,6 +290,12 @@ def _check_optimizer(cfg: DictConfig) -> None:
     clip = cfg.optimizer.clip_grad_norm
     if clip is not None and not clip > 0:
         _fail("optimizer.clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
+    for key in ("muon_lr", "muon_momentum"):
+        value = cfg.optimizer.get(key)
+        if value is not None and not (0 < value < math.inf if key == "muon_lr" else 0 <= value < 1):  # fmt: skip
+            _fail(f"optimizer.{key}", value, "expected a number > 0" if key == "muon_lr" else "expected 0 <= x < 1")  # fmt: skip
+    if optimizer.name == "muon" and cfg.distributed.strategy == "fsdp":
+        _fail("optimizer.name", "muon", "Muon is not wired for FSDP's sharded matrices here; use distributed=ddp or optimizer=adamw")  # fmt: skip
     if cfg.optimizer.fused and cfg.optimizer.foreach:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 

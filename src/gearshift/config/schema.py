@@ -76,7 +76,7 @@ class BatchSizeFinderConfig:
     max_batch_size: int = 4096
 
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("constant", "cosine")
 
 
@@ -95,6 +95,8 @@ class OptimizerConfig:
     schedule: str = "cosine"  # SCHEDULES
     lr_warmup_steps: int = 0
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
+    muon_lr: float = 0.02  # optimizer=muon: Muon's lr on the hidden matrices (lr: AdamW's)
+    muon_momentum: float = 0.95
 
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
