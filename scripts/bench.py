@@ -21,6 +21,12 @@ and the throughput the same.
     python scripts/bench.py --cases gpt,gpt-amp   # the tiny GPT, float32 and amp=on
     python scripts/bench.py --repeats 7 amp=bf16  # extra overrides apply to both loops
     python scripts/bench.py --prefetch-repeats 0  # skip the prefetch comparison
+    python scripts/bench.py --generate-repeats 0  # skip the generation comparison
+
+A third table times generation (models/sampling.py): the tiny GPT of experiment=lm with a
+context of 512 writes 256 new tokens after an 8-token prompt, greedy, with the KV cache and
+without it (each token then a forward pass over the whole sequence so far), interleaved;
+both must give the same tokens. The figure is the median ratio of their tokens/s.
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
 from gearshift.models.build import build_model
+from gearshift.models.gpt import GPT
+from gearshift.models.sampling import generate
 from gearshift.tasks import build_task
 from gearshift.trainer import fit
 
@@ -232,6 +240,47 @@ def print_prefetch(r: dict, repeats: int) -> None:
     Console(width=120).print(table)
 
 
+def bench_generate(repeats: int, new_tokens: int = 256, device: str = "auto") -> dict:
+    """tokens/s of greedy sampling with and without the KV cache, interleaved repeats."""
+    target = resolve_device(device)
+    torch.manual_seed(0)
+    model = GPT(64, 512, n_layer=4, n_head=4, n_embd=128).to(target).eval()
+    prompt = torch.randint(64, (1, 8), device=target)
+    speeds: dict[bool, list[float]] = {True: [], False: []}
+    outputs = {}
+    for i in range(repeats + 1):  # the first round warms up, uncounted
+        for cached in (True, False) if i % 2 else (False, True):
+            if target.type == "cuda":
+                torch.cuda.synchronize(target)
+            start = time.perf_counter()
+            outputs[cached] = generate(model, prompt, new_tokens, temperature=0, use_cache=cached)
+            if target.type == "cuda":
+                torch.cuda.synchronize(target)
+            if i:
+                speeds[cached].append(new_tokens / (time.perf_counter() - start))
+    if not torch.equal(outputs[True], outputs[False]):
+        raise SystemExit("error: the KV cache changed the greedy tokens")
+    ratios = [a / b for a, b in zip(speeds[True], speeds[False], strict=True)]
+    return {
+        "device": str(target),
+        "cached": statistics.median(speeds[True]),
+        "plain": statistics.median(speeds[False]),
+        "ratio": statistics.median(ratios),
+        "range": (min(ratios), max(ratios)),
+    }
+
+
+def print_generate(r: dict, repeats: int) -> None:
+    table = Table(title=f"generation, 256 new tokens, medians of {repeats} interleaved repeats")
+    for column in ("device", "cached tokens/s", "no cache tokens/s", "ratio", "range"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        r["device"], f"{r['cached']:,.0f}", f"{r['plain']:,.0f}", f"{r['ratio']:.2f}x",
+        f"{r['range'][0]:.2f}-{r['range'][1]:.2f}",
+    )  # fmt: skip
+    Console(width=140).print(table)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
@@ -243,6 +292,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--prefetch-repeats", type=int, default=5, help="0 skips the prefetch comparison"
+    )
+    parser.add_argument(
+        "--generate-repeats", type=int, default=5, help="0 skips the generation comparison"
     )
     parser.add_argument("overrides", nargs="*", help="config overrides for both loops")
     args = parser.parse_args()
@@ -281,6 +333,8 @@ def main() -> None:
     if args.prefetch_repeats > 0:
         result = bench_prefetch(args.overrides, args.steps or 60, args.prefetch_repeats)
         print_prefetch(result, args.prefetch_repeats)
+    if args.generate_repeats > 0:
+        print_generate(bench_generate(args.generate_repeats), args.generate_repeats)
 
 
 if __name__ == "__main__":

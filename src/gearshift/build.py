@@ -48,6 +48,7 @@ from gearshift.state.checkpointer import (
     Saved,
     read_resume,
 )
+from gearshift.state.init_from import init_weights
 from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
 
@@ -164,6 +165,9 @@ def build_parts(
         cfg.device_transforms, device, memory_format, cfg.seed, source_transforms(train_set)
     )
     model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
+    init_from = cfg.model.get("init_from")
+    if init_from and saved is None:  # a resumed run continues its own weights
+        init_weights(model, init_from, cfg.model.get("init_strict", True))
     model.train()
     gears = {
         "amp": amp_name(precision.dtype),

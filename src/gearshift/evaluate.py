@@ -30,6 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+from torch import nn
 
 from gearshift.app import EXIT_BAD_CONFIG, culprit, default_config_dir, describe_error
 from gearshift.build import build_parts
@@ -95,6 +96,8 @@ def evaluation_config(saved: dict, overrides: list[str], config_dir: Path) -> Di
             # data, task) is replaced whole, so no key of the old option is left over
             OmegaConf.update(cfg, dotted, node, merge=typed, force_add=True)
     cfg.resume = None  # the weights are loaded below, not a training state
+    if "init_from" in cfg.model:
+        cfg.model.init_from = None  # the checkpoint's weights replace any start
     cfg.distributed.strategy, cfg.distributed.nproc_per_node = "none", 1
     return cfg
 
@@ -138,6 +141,27 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
         "ema_metrics": ema_metrics,
         "gears": parts.gears,
     }
+
+
+def load_model(
+    path: Path, overrides: list[str], config_dir: Path, raw: bool = False
+) -> tuple[nn.Module, DictConfig]:
+    """The checkpoint's model (its weight average unless `raw`), built from its config and
+    `overrides` as training built it, on its device in eval mode; and that config."""
+    checkpoint = load_checkpoint(path)
+    cfg = evaluation_config(checkpoint["config"], overrides, config_dir)
+    cfg.model.checkpointing = False  # a gear of training; the model is used as it is
+    check_config(cfg)
+    device = resolve_device(cfg.device)
+    parts = build_parts(cfg, Ranks(), "none", device)
+    saved = Saved(path, checkpoint)
+    load_parts(saved, {"model": ModelState(parts.model)})
+    model = parts.model
+    if not raw and parts.ema is not None and checkpoint.get("ema") is not None:
+        load_parts(saved, {"ema": parts.ema})
+        model = parts.ema.model
+        log.info("the weight average (ema.decay); --raw: the trained weights")
+    return model.eval(), parts.cfg
 
 
 def main(argv: list[str] | None = None) -> int:

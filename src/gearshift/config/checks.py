@@ -290,6 +290,12 @@ def _check_optimizer(cfg: DictConfig) -> None:
     clip = cfg.optimizer.clip_grad_norm
     if clip is not None and not clip > 0:
         _fail("optimizer.clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
+    for key in ("muon_lr", "muon_momentum"):
+        value = cfg.optimizer.get(key)
+        if value is not None and not (0 < value < math.inf if key == "muon_lr" else 0 <= value < 1):  # fmt: skip
+            _fail(f"optimizer.{key}", value, "expected a number > 0" if key == "muon_lr" else "expected 0 <= x < 1")  # fmt: skip
+    if optimizer.name == "muon" and cfg.distributed.strategy == "fsdp":
+        _fail("optimizer.name", "muon", "Muon is not wired for FSDP's sharded matrices here; use distributed=ddp or optimizer=adamw")  # fmt: skip
     if cfg.optimizer.fused and cfg.optimizer.foreach:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
@@ -424,6 +430,21 @@ def _check_profile(cfg: DictConfig) -> None:
         )
 
 
+def _check_init_from(cfg: DictConfig) -> None:
+    """model.init_from names a file or a folder (what it holds: state/init_from.py)."""
+    init_from, strict = cfg.model.get("init_from"), cfg.model.get("init_strict", True)
+    if not isinstance(strict, bool):
+        _fail("model.init_strict", strict, "choose true or false")
+    if init_from is None:
+        return
+    if not isinstance(init_from, str) or not Path(init_from).expanduser().exists():
+        _fail(
+            "model.init_from", init_from,
+            "no such file or folder; give a checkpoint, a state dict or a Hugging Face "
+            "GPT-2 folder (or null)",
+        )  # fmt: skip
+
+
 def _check_resume(resume: str | None) -> None:
     if resume not in (None, "auto") and not Path(resume).is_file():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
@@ -488,6 +509,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
     _check_resume(cfg.resume)
+    _check_init_from(cfg)
     _check_ema_and_early_stop(cfg)
     _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
     _check_profile(cfg)

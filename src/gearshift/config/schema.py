@@ -76,7 +76,7 @@ class BatchSizeFinderConfig:
     max_batch_size: int = 4096
 
 
-OPTIMIZERS = ("sgd", "adamw")
+OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("constant", "cosine")
 
 
@@ -95,6 +95,8 @@ class OptimizerConfig:
     schedule: str = "cosine"  # SCHEDULES
     lr_warmup_steps: int = 0
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
+    muon_lr: float = 0.02  # optimizer=muon: Muon's lr on the hidden matrices (lr: AdamW's)
+    muon_momentum: float = 0.95
 
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
@@ -183,6 +185,11 @@ class TrialConfig:
     number: int | None = None  # the trial's number (= its run folder under the sweep folder)
 
 
+# The model node's keys that are the trainer's, not the model's arguments (models/build.py):
+# init_from: a checkpoint or a Hugging Face GPT-2 folder whose weights the model starts from;
+# init_strict: false loads the tensors that fit and lists the rest.
+MODEL_KEYS = {"init_from": None, "init_strict": True}
+
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the CUDA device N
 DETERMINISTIC = (True, False, "warn")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
@@ -192,7 +199,9 @@ TRAINER = "gearshift.trainer.Trainer"  # the class every `trainer=` names, or a 
 
 @dataclass
 class Config:
-    model: dict[str, Any] = MISSING  # instantiated through its _target_
+    # instantiated through its _target_; init_from and init_strict are the trainer's
+    # (models/init.py), present in every model node, yours too
+    model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_KEYS))
     data: dict[str, Any] = MISSING  # a source: its _target_ builds the datasets (data/sources.py)
     task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)
     dataloader: DataLoaderConfig = MISSING

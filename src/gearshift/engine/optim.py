@@ -9,11 +9,14 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from gearshift.config import ConfigError
 from gearshift.config.schema import OptimizerConfig
 
 
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     # fused: one kernel for the whole update; foreach: one kernel per op across all tensors.
+    if cfg.name == "muon":
+        return build_muon(model, cfg)
     common = {
         "lr": cfg.lr,
         "weight_decay": cfg.weight_decay,
@@ -80,3 +83,77 @@ def build_schedule(
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """optimizer=muon: torch's Muon on the hidden 2-D weights, AdamW on the rest, stepped
+    together as one optimizer (the schedule, the GradScaler, zero_grad and checkpoints see
+    one object; `param_groups` is both optimizers' groups, the same dicts)."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
+        self.muon, self.adamw = muon, adamw
+        # the base class's bookkeeping (hooks, defaults) without re-adding the groups
+        super().__init__([{"params": [torch.zeros(1)]}], {})
+        self.param_groups = [*muon.param_groups, *adamw.param_groups]
+
+    @property
+    def state(self):  # type: ignore[override]
+        return {**self.muon.state, **self.adamw.state}
+
+    @state.setter
+    def state(self, value) -> None:  # the base class's __init__ assigns an empty one
+        pass
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:  # type: ignore[override]
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:  # type: ignore[override]
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+
+
+def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """(hidden 2-D weights, the rest): embeddings, a head (a parameter named `*head*`, or
+    tied to an embedding), convolutions and 1-D parameters go to AdamW."""
+    embedded = {
+        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
+    }
+    hidden, rest = [], []
+    for name, p in model.named_parameters():
+        is_hidden = p.dim() == 2 and id(p) not in embedded and "head" not in name
+        (hidden if is_hidden else rest).append(p)
+    return hidden, rest
+
+
+def build_muon(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr) on the rest."""
+
+    hidden, rest = muon_split(model)
+    if not hidden:
+        raise ConfigError(
+            f"optimizer.name='muon' is not allowed; {type(model).__name__} has no 2-D hidden "
+            "weights (Muon orthogonalises matrices; embeddings, heads, convolutions and 1-D "
+            "parameters take AdamW): use optimizer=adamw"
+        )
+    muon = torch.optim.Muon(
+        hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum
+    )
+    groups = [{"params": rest}] if cfg.weight_decay_1d else [
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+    ]  # fmt: skip
+    groups = [g for g in groups if g["params"]]
+    adamw = torch.optim.AdamW(
+        groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
+        foreach=cfg.foreach, fused=cfg.fused or None,
+    )  # fmt: skip
+    return MuonWithAdamW(muon, adamw)

@@ -12,7 +12,7 @@ from torch import nn
 
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
-from gearshift.config.schema import CompileConfig
+from gearshift.config.schema import MODEL_KEYS, CompileConfig
 from gearshift.models.checkpointing import apply_checkpointing
 
 
@@ -22,6 +22,8 @@ def build_model(
     """Instantiate `cfg` (the model group) on `device`, weights in `memory_format`."""
     options = OmegaConf.to_container(cfg, resolve=True)
     checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
+    for key in MODEL_KEYS:  # the trainer's (build.py applies model.init_from)
+        options.pop(key, None)
     model = instantiate("model", options)
     if not isinstance(model, nn.Module):
         raise ConfigError(

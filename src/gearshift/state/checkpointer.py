@@ -124,7 +124,8 @@ class OptimizerState:
         return get_optimizer_state_dict(self.model, self.optimizer, options=options)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        by_name = any(isinstance(key, str) for key in state["state"])  # written under FSDP
+        # written under FSDP (optimizer=muon's two optimizers: their own keys, never FSDP)
+        by_name = any(isinstance(key, str) for key in state.get("state", {}))
         if by_name != self.sharded:
             written = "with" if by_name else "without"
             raise CheckpointError(

@@ -1,0 +1,142 @@
+"""python -m gearshift.generate and the GPT's KV cache: the cache changes no token, a char
+model trained on a grammar writes its words, bad prompts are one line."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from helpers import make_cfg
+from test_tokens import grammar_text, prepare_text
+
+from gearshift import generate as generate_cli
+from gearshift.models.gpt import GPT, KVCache
+from gearshift.models.sampling import generate
+from gearshift.state.checkpoint import latest_checkpoint
+from gearshift.trainer import fit
+
+WORDS = set(["the", "cat", "a", "dog", "my", "old", "friend", "teacher", "every", "child", "our", "queen", "sees", "likes", "chases", "paints", "forgets", "carries", "moon", "red", "ball", "his", "garden", "river", "some", "bread", "letter", "today", "again"])  # fmt: skip
+
+
+def tiny_gpt(block_size: int = 128) -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab_size=50, block_size=block_size, n_layer=2, n_head=2, n_embd=32).eval()
+
+
+@pytest.mark.parametrize("block_size", [128, 40])  # 40: the window slides past the context
+def test_greedy_decoding_with_the_cache_equals_decoding_without_it(block_size):
+    model = tiny_gpt(block_size)
+    prompt = torch.randint(50, (3, 7), generator=torch.Generator().manual_seed(1))
+    cached = generate(model, prompt, 64, temperature=0, use_cache=True)
+    plain = generate(model, prompt, 64, temperature=0, use_cache=False)
+    assert cached.shape == (3, 71)
+    assert torch.equal(cached, plain)
+    assert len(set(cached[0, 7:].tolist())) > 1  # not one token repeated: a real sequence
+
+
+def test_the_cache_gives_the_logits_of_the_whole_window():
+    model = tiny_gpt()
+    idx = torch.randint(50, (2, 20))
+    full = model(idx)
+    cache = KVCache(model, 2, torch.device("cpu"))
+    parts = [model(idx[:, :9], cache), model(idx[:, 9:10], cache), model(idx[:, 10:], cache)]
+    assert cache.length == 20
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy():
+    model = tiny_gpt()
+    prompt = torch.randint(50, (2, 4))
+    draw = [generate(model, prompt, 20, 1.0, generator=torch.Generator().manual_seed(s)) for s in (3, 3, 4)]  # fmt: skip
+    assert torch.equal(draw[0], draw[1]) and not torch.equal(draw[0], draw[2])
+    top1 = generate(model, prompt, 20, 1.0, top_k=1, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(top1, generate(model, prompt, 20, temperature=0))
+
+
+@pytest.fixture(scope="module")
+def grammar_run(tmp_path_factory):
+    """A char GPT trained experiment=lm-style on the grammar of test_tokens.py (~100 steps),
+    and its checkpoint."""
+    folder = tmp_path_factory.mktemp("grammar")
+    (folder / "text.txt").write_text(grammar_text(1500))
+    prepare_text.prepare(folder / "text.txt", folder / "tokens")
+
+    def train(steps: int, name: str):
+        cfg = make_cfg(
+            "logger=none", "progress_bar=false", "task=lm", "data=tokens",
+            f"data.path={folder / 'tokens'}", "data.block_size=32", "data.num_val_samples=64",
+            "model=gpt", "model.n_layer=2", "model.n_embd=64", "batch_size=16",
+            f"max_steps={steps}", "optimizer=adamw", "optimizer.lr=3e-3",
+            "optimizer.weight_decay=0", "optimizer.schedule=constant", "ema.decay=0.9",
+            tiny=False,
+        )  # fmt: skip
+        fit(cfg, folder / name)
+        return latest_checkpoint(folder / name / "checkpoints")
+
+    return train(120, "trained"), train(1, "untrained")
+
+
+def word_share(text: str) -> float:
+    """The share of the text's words that are words of the grammar."""
+    words = re.findall(r"[a-z]+", text)
+    return sum(word in WORDS for word in words) / max(len(words), 1)
+
+
+def test_a_trained_char_model_writes_the_grammars_words(grammar_run, capsys):
+    trained, untrained = grammar_run
+    shares = {}
+    for name, checkpoint in (("trained", trained), ("untrained", untrained)):
+        code = generate_cli.main([f"resume={checkpoint}", "prompt=the cat ",
+                                  "max_new_tokens=100", "num_samples=2", "temperature=0.5",
+                                  "seed=0", "--raw"])  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0 and out.count("--- sample") == 2
+        samples = out.split("--- sample ")[1:]
+        assert all(s.split("\n", 1)[1].startswith("the cat ") for s in samples)
+        generated = "".join(s.split("\n", 1)[1][len("the cat ") :] for s in samples)
+        shares[name] = word_share(generated)
+    # an untrained model's letters rarely spell a word (measured 0.0)
+    assert shares["trained"] > 0.6 > 0.3 > shares["untrained"], shares
+
+
+def test_the_weight_average_is_sampled_unless_raw(grammar_run, capsys):
+    trained, _ = grammar_run
+    outs = []
+    for raw in ([], ["--raw"]):
+        assert generate_cli.main([f"resume={trained}", "prompt=a dog ", "temperature=0",
+                                  "max_new_tokens=60", *raw]) == 0  # fmt: skip
+        outs.append(capsys.readouterr().out)
+    assert outs[0] != outs[1]  # ema.decay=0.9: the average differs from the last weights
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["prompt=the cat Ω"], "prompt='the cat Ω' is not allowed; the text holds characters"),
+        (
+            ["prompt=the", "max_new_tokens=0"],
+            "max_new_tokens='0' is not allowed; expected an integer >= 1",
+        ),
+        (
+            ["prompt=the", "temperature=-1"],
+            "temperature='-1' is not allowed; expected a number >= 0",
+        ),
+    ],
+)
+def test_bad_input_is_one_error_line_and_exit_2(grammar_run, capsys, args, message):
+    trained, _ = grammar_run
+    assert generate_cli.main([f"resume={trained}", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):
+    cfg = make_cfg("logger=none", "progress_bar=false", "max_steps=1", "model=mlp")
+    fit(cfg, tmp_path)
+    checkpoint = latest_checkpoint(tmp_path / "checkpoints")
+    assert generate_cli.main([f"resume={checkpoint}", "prompt=1 2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "generation needs model=gpt" in err, err
