@@ -164,6 +164,19 @@ def load_model(
     return model.eval(), parts.cfg
 
 
+# What a command line can get wrong: a value, a checkpoint, an override that does not parse.
+BAD_INPUT = (ConfigError, CheckpointError, HydraException, OmegaConfBaseException)
+
+
+def bad_input(error: Exception) -> int:
+    """One `error:` line on stderr for bad input; the exit code to return (2)."""
+    message = (
+        error if isinstance(error, ConfigError | CheckpointError) else describe_error(error, None)
+    )
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_BAD_CONFIG
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config-dir", type=Path, default=None, help="default: ./conf")
@@ -176,12 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path, overrides = split_resume(args.overrides)
         result = evaluate_checkpoint(path, overrides, config_dir)
-    except (ConfigError, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    except (HydraException, OmegaConfBaseException) as error:  # overrides that do not parse
-        print(f"error: {describe_error(error, None)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+    except BAD_INPUT as error:
+        return bad_input(error)
     output = args.output or output_path(path)
     write_json_atomic(output, result)
     log.info("%s at step %d: %s -> %s", path, result["step"], result["metrics"], output)

@@ -26,22 +26,18 @@ import argparse
 import json
 import logging
 import os
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from gearshift.app import EXIT_BAD_CONFIG, default_config_dir, describe_error
+from gearshift.app import default_config_dir
 from gearshift.config import ConfigError
 from gearshift.config.schema import MODEL_KEYS
-from gearshift.evaluate import load_model, split_resume
+from gearshift.evaluate import BAD_INPUT, bad_input, load_model, split_resume
 from gearshift.models import hf_gpt2
 from gearshift.models.gpt import GPT
-from gearshift.state.checkpoint import CheckpointError
 
 log = logging.getLogger("gearshift.export")
 
@@ -137,12 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         path, rest = split_resume(args.overrides)
         fmt, out, overrides = split_export(rest)
         written = export(path, fmt, out, overrides, config_dir, args.raw)
-    except (ConfigError, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    except (HydraException, OmegaConfBaseException) as error:
-        print(f"error: {describe_error(error, None)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+    except BAD_INPUT as error:
+        return bad_input(error)
     for file in written:
         print(file)
     return 0

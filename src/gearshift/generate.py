@@ -22,25 +22,21 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from hydra.errors import HydraException
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 
-from gearshift.app import EXIT_BAD_CONFIG, default_config_dir, describe_error
+from gearshift.app import default_config_dir
 from gearshift.config import ConfigError
 from gearshift.config.token_files import read_meta
 from gearshift.data.text import tokenizer_from_meta
-from gearshift.evaluate import load_model, split_resume
+from gearshift.evaluate import BAD_INPUT, bad_input, load_model, split_resume
 from gearshift.models.gpt import GPT
 from gearshift.models.sampling import generate
-from gearshift.state.checkpoint import CheckpointError
 
 log = logging.getLogger("gearshift.generate")
 
@@ -177,12 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         path, rest = split_resume(args.overrides)
         options, overrides = split_options(rest)
         samples = sample(path, options, overrides, config_dir, args.raw)
-    except (ConfigError, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    except (HydraException, OmegaConfBaseException) as error:
-        print(f"error: {describe_error(error, None)}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+    except BAD_INPUT as error:
+        return bad_input(error)
     for i, text in enumerate(samples):
         if len(samples) > 1:
             print(f"--- sample {i + 1}")
