@@ -33,16 +33,16 @@ bench: $(VENV)/.installed ## template loop vs a hand-written loop, interleaved; 
 bench-data: $(VENV)/.installed ## image loaders vs the torchvision recipe on generated JPEGs, interleaved (ARGS="--workers 4")
 	$(PY) scripts/bench_data.py $(ARGS)
 
-ablation: $(VENV)/.installed ## baseline, each gear alone, all gears, in rounds; then its report (DIR=, ARGS=+sweep.rounds=N)
+ablation: $(VENV)/.installed ## baseline, each gear alone, all gears, in rounds; then its report (DIR=, ARGS=sweep.rounds=N)
 	@dir="$(or $(DIR),multirun/ablation_$$(date +%Y-%m-%d_%H-%M-%S))"; \
 	$(PY) train.py -m sweep=ablation hydra.sweep.dir="$$dir" $(ARGS); status=$$?; \
 	$(PY) scripts/report.py "$$dir" && exit $$status
 
-report: $(VENV)/.installed ## the gear report of a sweep folder: make report DIR=multirun/<sweep>
+report: $(VENV)/.installed ## a sweep folder's report (gear ablation or Optuna study): make report DIR=multirun/<sweep>
 	@test -n "$(DIR)" || { echo "usage: make report DIR=<sweep folder>" >&2; exit 2; }
 	$(PY) scripts/report.py "$(DIR)"
 
-slurm-up: ## start a one-node SLURM cluster on this machine (root; installs slurm + munge)
+slurm-up: ## start a two-node SLURM cluster on this machine (root; installs slurm + munge)
 	bash scripts/slurm/up.sh
 
 slurm-down: ## stop that cluster

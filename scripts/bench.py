@@ -22,17 +22,34 @@ and the throughput the same.
     python scripts/bench.py --repeats 7 amp=bf16  # extra overrides apply to both loops
     python scripts/bench.py --prefetch-repeats 0  # skip the prefetch comparison
     python scripts/bench.py --generate-repeats 0  # skip the generation comparison
+    python scripts/bench.py --checkpoint-repeats 0  # skip the checkpoint comparison
 
 A third table times generation (models/sampling.py): the tiny GPT of experiment=lm with a
 context of 512 writes 256 new tokens after an 8-token prompt, greedy, with the KV cache and
 without it (each token then a forward pass over the whole sequence so far), interleaved;
 both must give the same tokens. The figure is the median ratio of their tokens/s.
+
+`--cases muon` races optimizers instead (alone, it skips the loop table; add
+`--prefetch-repeats 0 --generate-repeats 0` for it alone: about a minute on 2 quiet cores): the
+grammar of tests/test_tokens.py (1500 sentences, characters), a 2-layer GPT 64 wide on
+windows of 32, batch 16, validated every 5 steps, and for each optimizer a small lr sweep;
+each run stops when its validation loss falls below the text's bigram entropy (what a
+model that sees one character back reaches: below it, the model uses the context). The
+table gives each run's steps to that bar; an optimizer's figure is its best lr's. Muon's
+AdamW part (embeddings, head, 1-D parameters) takes AdamW's best lr.
+
+    python scripts/bench.py --cases muon --prefetch-repeats 0 --generate-repeats 0
+
+A fourth table times checkpoints (scripts/bench_checkpoint.py): how long a save stops the
+loop, sync against `checkpoint.async_save=true`, on a GPT of 8 layers x 512 (118 MB of
+weights), with the peak host memory of each.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import math
 import statistics
 import tempfile
 import time
@@ -43,12 +60,15 @@ from itertools import islice, pairwise
 from pathlib import Path
 
 import torch
+from bench_checkpoint import bench_checkpoint, print_checkpoint
+from grammar import bigram_entropy, grammar_text
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
 from gearshift.data.loading import build_data, to_device
+from gearshift.data.text import CharTokenizer, write_token_folder
 from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
@@ -281,11 +301,96 @@ def print_generate(r: dict, repeats: int) -> None:
     Console(width=140).print(table)
 
 
+# --cases muon: the optimizers raced, each over its lr sweep (AdamW's lr; Muon's muon_lr)
+OPTIMIZER_SWEEPS = {"adamw": [1e-3, 3e-3, 1e-2], "muon": [0.01, 0.02, 0.05]}
+RACE_STEPS, RACE_VAL_EVERY = 150, 5
+
+
+class BarReporter:
+    """The run's validations, told through the Trainer's reporter seam (`trial.reporter`):
+    it stops the run (as a pruner would) once the loss is below the bar `study` holds."""
+
+    def __init__(self, storage: str, study: str, number: int | None) -> None:
+        self.bar = float(study)
+
+    def report(self, step: int, value: float | None) -> bool:
+        return value is not None and value < self.bar
+
+
+def race_run(folder: Path, bar: float, overrides: list[str]) -> dict:
+    """One run to the bar: the step it got there (None: not within RACE_STEPS), its last loss."""
+    common = [
+        "logger=none", "progress_bar=false", "task=lm", "data=tokens", f"data.path={folder}",
+        "data.block_size=32", "data.num_val_samples=32", "model=gpt", "model.n_layer=2",
+        "model.n_embd=64", "batch_size=16", f"max_steps={RACE_STEPS}",
+        f"val_every_n_steps={RACE_VAL_EVERY}", "optimizer.schedule=constant",
+        "optimizer.weight_decay=0", "checkpoint.at_end=false",
+        f"trial.reporter={__name__}.BarReporter", f"trial.study={bar!r}",
+    ]  # fmt: skip
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*common, *overrides])
+    with tempfile.TemporaryDirectory() as run_dir:
+        summary = fit(cfg, Path(run_dir)).summary
+    reached = summary["stop_reason"] == "pruned"
+    return {"steps": summary["steps"] if reached else None, "val_loss": summary["val_loss"]}
+
+
+def bench_optimizers() -> dict:
+    """Steps to the bigram-entropy bar for AdamW and Muon, each over its lr sweep."""
+    text = grammar_text(1500)
+    bar = bigram_entropy(text)
+    coder = CharTokenizer.from_text(text)
+    ids = coder.encode(text)
+    split = len(ids) - len(ids) // 10
+    runs: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        write_token_folder(
+            Path(folder), {"train": ids[:split], "val": ids[split:]}, coder.vocab_size, coder.meta()
+        )
+
+        def best(name: str) -> dict:  # the fewest steps; none there: the lowest loss
+            return min(runs[name], key=lambda r: (r["steps"] or math.inf, r["val_loss"]))
+
+        for lr in OPTIMIZER_SWEEPS["adamw"]:
+            run = race_run(Path(folder), bar, ["optimizer=adamw", f"optimizer.lr={lr}"])
+            runs.setdefault("adamw", []).append({"lr": lr, **run})
+            logging.info("adamw lr %g: %s", lr, run)
+        adamw_lr = best("adamw")["lr"]
+        for lr in OPTIMIZER_SWEEPS["muon"]:
+            muon = ["optimizer=muon", f"optimizer.muon_lr={lr}", f"optimizer.lr={adamw_lr}"]
+            run = race_run(Path(folder), bar, muon)
+            runs.setdefault("muon", []).append({"lr": lr, **run})
+            logging.info("muon muon_lr %g: %s", lr, run)
+        return {"bar": bar, "runs": runs, "best": {name: best(name) for name in runs}}
+
+
+def print_optimizers(r: dict) -> None:
+    title = (
+        f"steps to the bigram-entropy bar ({r['bar']:.3f} nats/char) on the grammar, "
+        f"validated every {RACE_VAL_EVERY} steps, at most {RACE_STEPS}; one run per lr"
+    )
+    table = Table(title=title)
+    for column in ("optimizer", "lr", "steps to bar", "last val loss", "best"):
+        table.add_column(column, justify="right")
+    for name, runs in r["runs"].items():
+        for run in runs:
+            table.add_row(
+                name, f"{run['lr']:g}", str(run["steps"] or f"> {RACE_STEPS}"),
+                f"{run['val_loss']:.3f}", "*" if run is r["best"][name] else "",
+            )  # fmt: skip
+    Console(width=140).print(table)
+    adamw, muon = r["best"]["adamw"]["steps"], r["best"]["muon"]["steps"]
+    if adamw and muon:
+        print(f"Muon reaches the bar in {muon / adamw:.2f}x AdamW's steps ({muon} vs {adamw})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument(
-        "--cases", default="mlp,resnet18,gpt,gpt-amp", help="comma-separated: " + ",".join(CASES)
+        "--cases",
+        default="mlp,resnet18,gpt,gpt-amp",
+        help="comma-separated: " + ",".join([*CASES, "muon"]),
     )
     parser.add_argument(
         "--steps", type=int, default=None, help="measured steps (default: per case)"
@@ -296,13 +401,20 @@ def main() -> None:
     parser.add_argument(
         "--generate-repeats", type=int, default=5, help="0 skips the generation comparison"
     )
+    parser.add_argument(
+        "--checkpoint-repeats", type=int, default=5, help="0 skips the checkpoint comparison"
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for both loops")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("gearshift").setLevel(logging.WARNING)
 
+    cases = args.cases.split(",")
+    if "muon" in cases:
+        print_optimizers(bench_optimizers())
+        cases.remove("muon")
     rows = []
-    for name in args.cases.split(","):
+    for name in cases:
         overrides, steps = CASES[name]
         rows.append(
             bench_case(name, [*overrides, *args.overrides], args.steps or steps, args.repeats)
@@ -316,7 +428,7 @@ def main() -> None:
     columns += ["ratio (best step)", "ratio (median step)"]
     for column in columns:
         table.add_column(column, justify="right")
-    for r in rows:
+    for r in rows:  # none when --cases named muon alone
         tokens = r["tokens_per_sample"]
         table.add_row(
             r["case"],
@@ -329,12 +441,16 @@ def main() -> None:
             f"{r['best step']:.3f}",
             f"{r['median step']:.3f}",
         )
-    Console(width=140).print(table)
+    if rows:
+        Console(width=140).print(table)
     if args.prefetch_repeats > 0:
         result = bench_prefetch(args.overrides, args.steps or 60, args.prefetch_repeats)
         print_prefetch(result, args.prefetch_repeats)
     if args.generate_repeats > 0:
         print_generate(bench_generate(args.generate_repeats), args.generate_repeats)
+    if args.checkpoint_repeats > 0:  # scripts/bench_checkpoint.py: sync vs async saves
+        result = bench_checkpoint(args.checkpoint_repeats)
+        print_checkpoint(result, args.checkpoint_repeats)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ The standard torchvision recipe: `ImageFolder` (PIL), `Resize(256)`, `CenterCrop
 `ToTensor()`, `Normalize(ImageNet's mean and std)`, a shuffling `DataLoader`. Against it:
 gearshift's `data=imagefolder` in each configuration (float32 batches made on the host,
 uint8 batches with each decoder, the staged resized copies, and on CUDA `data.decode=gpu`),
+`data=shards` (the folder written as tar shards by scripts/make_shards.py, as they are and
+resized) and `data=hf` (the folder as a Parquet file of image bytes and labels),
 all on the same generated folder of JPEGs (about 400x400, like ImageNet's), at the same
 image size, batch size and number of workers. A configuration's time is one epoch of
 loading with no model: the loader's batches, copied to the device (CPU: none) and made
@@ -38,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
+from make_shards import make_shards  # scripts/make_shards.py, beside this one
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
@@ -47,6 +50,7 @@ from torchvision import datasets, transforms
 from gearshift.data.decode import JPEG_DECODERS, installed, time_decoders
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_data, to_device
+from gearshift.data.resized import stored_side
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -156,10 +160,62 @@ def configurations(
     staged = (f"data.stage_to={stage}", "data.decoder=auto")
     rows["uint8, staged jpeg"] = ours(*staged, "data.stage_format=jpeg")
     rows["uint8, staged raw"] = ours(*staged, "data.stage_format=raw")
+    shards = [
+        "data=shards", f"data.num_classes={args.classes}", f"data.image_size={args.size}",
+        "data.num_samples=null", "data.num_val_samples=0", f"batch_size={args.batch}",
+        f"dataloader.num_workers={args.workers}", f"dataloader.pin_memory={pin}",
+        f"device={device.type}", "logger=none",
+    ]  # fmt: skip
+
+    def from_shards(resize: int | None, *extra: str):
+        def build():
+            out = stage / f"shards-{resize or 'source'}"
+            if not out.exists():
+                make_shards(folder, out, shard_mb=16, resize=resize, val_fraction=0)
+            return gearshift_loader([*shards, f"data.path={out}", *extra], device)
+
+        return build
+
+    resized = f"{stored_side('jpeg', args.size)} px JPEGs"
+    rows["uint8, shards (source JPEGs)"] = from_shards(None)
+    rows[f"uint8, shards --resize ({resized})"] = from_shards(args.size)
+    rows[f"uint8, shards --resize ({resized}), streaming"] = from_shards(
+        args.size, "data.streaming=true"
+    )
+    if installed_hf():
+        rows["uint8, data=hf (Parquet)"] = lambda: gearshift_loader(
+            [*shards, "data=hf", f"data.path={write_parquet(folder, stage / 'parquet')}"], device
+        )
     if device.type == "cuda":
         rows["decode=gpu (nvJPEG)"] = ours("data.decode=gpu")
         rows["decode=gpu, staged jpeg"] = ours(*staged, "data.stage_format=jpeg", "data.decode=gpu")
     return rows
+
+
+def installed_hf() -> bool:
+    try:
+        import datasets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_parquet(folder: Path, out: Path) -> Path:
+    """The image folder as a Parquet file of (image bytes, label): a Hub dataset's layout."""
+    from datasets import ClassLabel, Dataset, Features
+    from datasets import Image as ImageFeature
+
+    from gearshift.data.images import index_class_folders
+
+    classes, samples = index_class_folders(folder)
+    features = Features({"image": ImageFeature(), "label": ClassLabel(names=classes)})
+    rows = {
+        "image": [{"bytes": Path(path).read_bytes(), "path": None} for path, _ in samples],
+        "label": [label for _, label in samples],
+    }
+    out.mkdir(parents=True)
+    Dataset.from_dict(rows, features=features).to_parquet(out / "train-00000-of-00001.parquet")
+    return out
 
 
 def decoder_table(root: Path, size: int, sizes: list[tuple[int, int]]) -> Table:
@@ -221,8 +277,8 @@ def main() -> None:
         for name, build in rows.items():  # staging happens here, once, outside the timing
             start = time.perf_counter()
             built[name] = build()
-            if "staged" in name:
-                console.print(f"{name}: staged in {time.perf_counter() - start:.1f} s")
+            if "staged" in name or "shards" in name or "hf" in name:
+                console.print(f"{name}: written in {time.perf_counter() - start:.1f} s")
         speeds: dict[str, list[float]] = {name: [] for name in rows}
         for repeat in range(args.repeats):
             for name, (batches, place) in built.items():

@@ -12,6 +12,10 @@ configuration's effect is the median of its pairs' ratios with an interval
 equal the baseline's on the device it ran on did not act there: it is listed apart with
 the reason, not ranked.
 
+The folder of an Optuna search (hydra/sweeper=gearshift_optuna: a study journal in it, or
+its multirun.yaml names the study's storage) gets the study report instead
+(hydra_plugins/gearshift_sweeper/report.py: study_report.md and its plots).
+
 Writes `report.md`, `report.json` and `report.png` into the folder, prints the tables,
 and logs the same tables and chart to the sweep's W&B group when its runs logged to W&B.
 A run without a summary.json failed: it is listed as failed, not dropped.
@@ -28,6 +32,9 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+from hydra_plugins.gearshift_sweeper.report import main as study_report
+from hydra_plugins.gearshift_sweeper.report import study_storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however loaded
 from report_effects import (
@@ -493,6 +500,8 @@ def main() -> None:
     parser.add_argument("--no-plot", action="store_true", help="no report.png")
     parser.add_argument("--no-wandb", action="store_true", help="nothing to the W&B group")
     args = parser.parse_args()
+    if study_storage(args.folder) is not None:  # an Optuna search's folder: its study report
+        raise SystemExit(study_report([str(args.folder), *(["--no-plot"] * args.no_plot)]))
     runs = load_runs(args.folder)
     if not runs:
         raise SystemExit(f"error: no run folders (with .hydra/) under {args.folder}")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import torch
-from helpers import make_cfg
+from helpers import make_cfg, recording_epoch_samples
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
@@ -114,3 +114,62 @@ def train_recorded(rank: int, world_size: int, port: int, out: str, overrides: l
 def fit_quietly(cfg, run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
     return gearshift.trainer.fit(cfg, run_dir)
+
+
+def restored_state(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:
+    """Build a run that resumes (`resume=PATH` among `overrides`) on this layout, as a
+    training start does; rank 0 saves the whole model and optimizer state it restored,
+    gathered from every rank, and the data position."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    from gearshift.parallel.distributed import (
+        init_process_group,
+        ranks_from_environment,
+        resolve_strategy,
+    )
+
+    become_rank(rank, world_size, port)
+    cfg = make_cfg(*overrides)
+    ranks = ranks_from_environment()
+    strategy = resolve_strategy(cfg.distributed.strategy, ranks)
+    device = torch.device("cpu")
+    if world_size > 1:
+        init_process_group(ranks, device, cfg.distributed)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    run = gearshift.build.build_run(cfg, Path(out) / "restored_run", ranks, strategy, device)
+    whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    options = whole if dist.is_initialized() else StateDictOptions()
+    model = get_model_state_dict(run.model, options=options)
+    optimizer = get_optimizer_state_dict(run.model, run.optimizer, options=options)
+    if rank == 0:
+        torch.save(
+            {
+                "model": model,
+                "optimizer": optimizer,
+                "position": run.position.state_dict(),
+                "strategy": strategy,
+            },
+            Path(out) / "restored.pt",
+        )
+    del run
+    free_before_teardown()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def train_recording_samples(
+    rank: int, world_size: int, port: int, out: str, overrides: list[str]
+) -> None:
+    """Train as `overrides` say; save the ids of the training samples of epoch 0 this rank
+    took (through the DataLoader's sampler)."""
+    become_rank(rank, world_size, port)
+    with recording_epoch_samples() as taken:
+        result = fit_quietly(make_cfg(*overrides), Path(out) / f"rank{rank}")
+    torch.save({"taken": taken, "summary": result.summary}, Path(out) / f"rank{rank}.pt")
+    del result
+    free_before_teardown()

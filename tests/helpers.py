@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.config  # noqa: F401  (registers the schema with the ConfigStore)
 from gearshift.data.decode import UnreadableImage
+from gearshift.data.loading import EpochSampler
 from gearshift.engine import precision
 from gearshift.observe import advisor
 from gearshift.state.checkpoint import latest_checkpoint
@@ -31,6 +35,19 @@ CONF = ROOT / "conf"
 # times this factor: a slower or busier machine (a CI runner) sets it to 2 or 3.
 TIME_FACTOR = float(os.environ.get("GEARSHIFT_TEST_TIME_FACTOR", "1"))
 assert TIME_FACTOR > 0, f"GEARSHIFT_TEST_TIME_FACTOR={TIME_FACTOR} must be > 0"
+
+
+def load_script(name: str):
+    """scripts/`name`.py as the module `name` (scripts/ is not a package), for tests of its
+    functions: in sys.modules, where its dataclasses look themselves up, and with scripts/ on
+    sys.path (last, shadowing nothing installed), where it finds its siblings as when run."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.append(str(ROOT / "scripts"))
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def seconds(limit: float) -> float:
@@ -223,3 +240,23 @@ class SyncCounter:
                 return _original(tensor, *args, **kwargs)
 
             monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@contextmanager
+def recording_epoch_samples() -> Iterator[list[int]]:
+    """The ids of epoch 0's training samples, in the order every EpochSampler of this process
+    hands them out (to its DataLoader) while the block runs."""
+    taken: list[int] = []
+    iterate = EpochSampler.__iter__
+
+    def recording(sampler):
+        for index in iterate(sampler):
+            if sampler.epoch == 0 and sampler.shuffle:
+                taken.append(index)
+            yield index
+
+    EpochSampler.__iter__ = recording
+    try:
+        yield taken
+    finally:
+        EpochSampler.__iter__ = iterate

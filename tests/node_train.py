@@ -1,7 +1,7 @@
 """train.py as tests/test_multinode.py starts it on each node: the real task, plus what the
 test needs to see. Every variable is optional:
 
-  GEARSHIFT_TEST_OUT     each rank saves the parameters it ends with and the optimizer steps
+  GEARSHIFT_TEST_OUT     each rank saves the parameters it ends with and the training steps
                          this process ran to OUT/rank<RANK>.pt
   GEARSHIFT_TEST_COPIES  each copy that data.stage_to makes appends a line to this file
   GEARSHIFT_TEST_DIE_AT  after this optimizer step the rank kills itself (SIGKILL), once:
@@ -34,6 +34,11 @@ optimizer_steps = 0
 
 def count_step(optimizer, args, kwargs) -> None:
     global optimizer_steps
+    # not a training step: a resume creates the optimizer state that DCP loads into with
+    # one zero-gradient step at lr 0 (torch.distributed.checkpoint.state_dict), which
+    # moves no parameter
+    if all(group["lr"] == 0 for group in optimizer.param_groups):
+        return
     optimizer_steps += 1
     die_at, died = os.environ.get("GEARSHIFT_TEST_DIE_AT"), os.environ.get("GEARSHIFT_TEST_DIED")
     if die_at and optimizer_steps == int(die_at) and not Path(died).exists():

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import CONF, ROOT, seconds
+from helpers import CONF, ROOT, run_train, seconds
 from hydra import compose, initialize_config_dir
 from wandb_records import read_records
 
@@ -27,10 +27,17 @@ def ablation_params(*overrides: str):
 def test_the_ablation_runs_rounds_with_the_baseline_mid_round():
     params = ablation_params()
     assert params.seed == "range(0,5)"  # seed is the round: the outer loop
-    assert ablation_params("+sweep.rounds=8").seed == "range(0,8)"
+    assert ablation_params("sweep.rounds=8").seed == "range(0,8)"
     gears = params.gear.split(",")
     assert gears.index("baseline") == len(gears) // 2  # at most 5 runs from any gear
     assert list(params) == ["seed", "gear"]  # Hydra's product: gear varies fastest
+
+
+def test_no_rounds_is_one_error_line_and_no_sweep_folder(tmp_path):
+    result = run_train("-m", "sweep=ablation", "sweep.rounds=0", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: sweep.rounds=0 is not allowed; expected an integer >= 1"
+    assert list(tmp_path.iterdir()) == []
 
 
 def readme_ablation_commands() -> list[list[str]]:
@@ -50,7 +57,7 @@ def readme_ablation_commands() -> list[list[str]]:
 
 def test_the_readmes_ablation_commands_compose():
     commands = readme_ablation_commands()
-    assert [] in commands and ["+sweep.rounds=3"] in commands
+    assert [] in commands and ["sweep.rounds=3"] in commands
     for args in commands:
         params = ablation_params(*args)  # raises if the README names a key that is not there
         rounds = next((a.split("=")[1] for a in args if "sweep.rounds" in a), "5")
@@ -73,7 +80,7 @@ def test_an_ablation_of_a_few_gears_reports_what_did_not_act_here(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(tmp_path)}
     env.pop("WANDB_API_KEY", None)
     command = [sys.executable, str(ROOT / "train.py"), "-m", "sweep=ablation", *TINY]
-    command += ["gear=baseline,cudnn_benchmark,dataloader", "+sweep.rounds=2", "logger=wandb"]
+    command += ["gear=baseline,cudnn_benchmark,dataloader", "sweep.rounds=2", "logger=wandb"]
     command += [f"hydra.sweep.dir={sweep_dir}"]
     done = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=seconds(300)

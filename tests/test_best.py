@@ -1,4 +1,4 @@
-"""best.pt, early stopping and the search objective: the task's monitor metric decides."""
+"""best/, early stopping and the search objective: the task's monitor metric decides."""
 
 from __future__ import annotations
 
@@ -54,20 +54,20 @@ class ParameterSnapshots:
         self.handle.remove()
 
 
-def test_best_pt_holds_the_step_of_the_best_validation(tmp_path):
+def test_best_holds_the_step_of_the_best_validation(tmp_path):
     # validations at steps 2, 4, ..., 10; accuracy (mode max) peaks at step 8
     cfg = make_cfg(
         *scripted(0.3, 0.7, 0.5, 0.9, 0.4),
         "max_steps=10",
         "val_every_n_steps=2",
         "checkpoint.every_n_steps=2",
-        "checkpoint.keep=1",  # rotation of step checkpoints never deletes best.pt
+        "checkpoint.keep=1",  # rotation of step checkpoints never deletes best/
     )
     with ParameterSnapshots() as snapshots:
         result = fit(cfg, tmp_path)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["best.pt", "step_000000010.pt"]
-    best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert names == ["best", "step_000000010"]
+    best = load_checkpoint(tmp_path / "checkpoints" / "best")
     assert best["position"]["step"] == 8
     assert best["best"]["value"] == 0.9 and best["best"]["step"] == 8
     parameters = [name for name, _ in result.model.named_parameters()]
@@ -80,13 +80,13 @@ def test_best_pt_holds_the_step_of_the_best_validation(tmp_path):
         "mode": "max",
         "step": 8,
         "value": 0.9,
-        "checkpoint": "checkpoints/best.pt",
+        "checkpoint": "checkpoints/best",
     }
     assert summary["val_accuracy"] == 0.4 and summary["stop_reason"] == "completed"
     assert objective(summary) == 0.9  # what a sweep optimises: the best, not the last
 
 
-def test_a_checkpoint_at_a_best_validation_reuses_best_pt(tmp_path, monkeypatch):
+def test_a_checkpoint_at_a_best_validation_reuses_best(tmp_path, monkeypatch):
     gathered = []
     state = ModelState.state_dict
     monkeypatch.setattr(ModelState, "state_dict", lambda self: gathered.append(1) or state(self))
@@ -98,13 +98,15 @@ def test_a_checkpoint_at_a_best_validation_reuses_best_pt(tmp_path, monkeypatch)
         "checkpoint.keep=5",
     )
     fit(cfg, tmp_path)
-    # steps 2, 4, 6, 8 and 10 each gathered once, though 2, 4 and 8 also wrote best.pt
+    # steps 2, 4, 6, 8 and 10 each took the model's state once, though 2, 4 and 8 also
+    # wrote best/: step 8's checkpoint is best/'s files, hard links
     assert len(gathered) == 5
     folder = tmp_path / "checkpoints"
-    best = (folder / "best.pt").read_bytes()
-    assert (folder / "step_000000008.pt").read_bytes() == best
-    assert (folder / "step_000000004.pt").read_bytes() != best  # its own, older best
-    assert load_checkpoint(folder / "step_000000004.pt")["position"]["step"] == 4
+    best = sorted((p.name, p.stat().st_ino) for p in (folder / "best").iterdir())
+    assert sorted((p.name, p.stat().st_ino) for p in (folder / "step_000000008").iterdir()) == best
+    assert (folder / "step_000000004" / ".metadata").stat().st_nlink == 1  # its own, older best
+    assert load_checkpoint(folder / "step_000000004")["position"]["step"] == 4
+    assert load_checkpoint(folder / "step_000000008")["position"]["step"] == 8
 
 
 def test_early_stopping_ends_at_the_expected_validation(tmp_path):
@@ -121,8 +123,8 @@ def test_early_stopping_ends_at_the_expected_validation(tmp_path):
     assert summary["val_accuracy"] == 0.65  # the 4th validation was the last one
     assert summary["best"]["step"] == 4 and summary["best"]["value"] == 0.7
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert names == ["best.pt", "step_000000008.pt"]  # a final checkpoint, at the stop
-    final = load_checkpoint(tmp_path / "checkpoints" / "step_000000008.pt")
+    assert names == ["best", "step_000000008"]  # a final checkpoint, at the stop
+    final = load_checkpoint(tmp_path / "checkpoints" / "step_000000008")
     assert final["best"]["bad_validations"] == 2
     again = fit(cfg, tmp_path)  # a rerun of the stopped run trains nothing more
     assert again.summary == summary
@@ -142,7 +144,7 @@ def test_min_delta_and_patience_count_validations_without_improvement():
 def test_without_validation_there_is_no_best_and_the_objective_is_the_loss(tmp_path):
     result = fit(make_cfg("model=mlp", "max_steps=2", "data.num_val_samples=0"), tmp_path)
     assert result.summary["best"]["step"] is None
-    assert not (tmp_path / "checkpoints" / "best.pt").exists()
+    assert not (tmp_path / "checkpoints" / "best").exists()
     # classification's mode is max: the loss is negated, so maximising it still helps
     assert objective(result.summary) == -result.summary["final_loss"]
 

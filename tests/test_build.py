@@ -76,8 +76,8 @@ def test_a_resumed_start_reads_its_checkpoint_once(tmp_path, monkeypatch):
     cfg = make_cfg(*SMALL, "batch_size=auto", "batch_size_finder.max_batch_size=32", "max_steps=2")
     fit(cfg, tmp_path)
     reads = []
-    load = checkpointer.load_checkpoint
-    monkeypatch.setattr(checkpointer, "load_checkpoint", lambda p: reads.append(p) or load(p))
+    load = checkpointer.read_state  # the job's parts: config, decisions, position, ...
+    monkeypatch.setattr(checkpointer, "read_state", lambda p: reads.append(p) or load(p))
     cfg.max_steps = 4
     summary = fit(cfg, tmp_path).summary
     assert summary["steps"] == 4 and len(reads) == 1

@@ -113,7 +113,7 @@ def test_the_average_adds_no_host_read_to_the_loop(tmp_path, monkeypatch, device
     assert during_updates == [0] * 20  # every step's update, none reading the device
     if device == "cpu":  # every read counts here
         # 3 loss reads at log steps; validation of the model and of the average; the finite
-        # check of best.pt (the final checkpoint, at the same step, is that file)
+        # check of best/ (the final checkpoint, at the same step, is that file)
         assert reads.count == 3 + 2 + 1
     assert result.summary["ema"]["val_loss"] != result.summary["val_loss"]
 

@@ -3,14 +3,19 @@ model trained on a grammar writes its words, bad prompts are one line."""
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 
 import pytest
 import torch
+from distributed_workers import train_recorded
 from helpers import make_cfg
+from test_distributed import GPT_CLIPPED, spawn_ranks
 from test_tokens import grammar_text, prepare_text
 
 from gearshift import generate as generate_cli
+from gearshift.data.text import codec_for
 from gearshift.models.gpt import GPT, KVCache
 from gearshift.models.sampling import generate
 from gearshift.state.checkpoint import latest_checkpoint
@@ -140,3 +145,116 @@ def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):
     assert generate_cli.main([f"resume={checkpoint}", "prompt=1 2"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "generation needs model=gpt" in err, err
+
+
+def test_samples_at_every_nth_validation_reach_csv_tensorboard_and_wandb(no_wandb_key, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "text.txt").write_text(grammar_text(60))
+    prepare_text.prepare(tmp_path / "text.txt", tmp_path / "tokens")
+    cfg = make_cfg(
+        "logger=[wandb,tensorboard,csv]", "progress_bar=false", "task=lm", "data=tokens",
+        f"data.path={tmp_path / 'tokens'}", "data.block_size=16", "data.num_val_samples=4",
+        "model=gpt", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "batch_size=4",
+        "max_steps=5", "val_every_n_steps=1", "task.sample_every=2", "task.sample_prompt=the",
+        "task.sample_tokens=12", "task.sample_count=2", "optimizer=adamw", tiny=False,
+    )  # fmt: skip
+    fit(cfg, tmp_path / "run")
+    run = tmp_path / "run"
+    with (run / "metrics.csv").open(newline="") as file:
+        rows = [row for row in csv.reader(file) if row[1].startswith("samples/")]
+    # validations at steps 1..5: every 2nd (steps 2, 4) and the last (5) draw samples
+    assert sorted({(int(step), name) for step, name, _ in rows}) == [
+        (s, f"samples/{i}") for s in (2, 4, 5) for i in (0, 1)
+    ]
+    texts = [text for _, _, text in rows]
+    assert all(t.startswith("the") and len(t) == 3 + 12 for t in texts), texts
+    assert len(set(texts)) > 1  # drawn, not one fixed string
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    logged = events.Tensors("samples/text_summary")
+    assert [e.step for e in logged] == [2, 4, 5]
+    board = logged[-1].tensor_proto.string_val[0].decode()
+    assert all(t in board for step, _, t in rows if step == "5")
+    [table] = run.glob("wandb/offline-run-*/files/media/table/samples_4_*.table.json")
+    data = json.loads(table.read_text())
+    assert data["columns"] == ["step", "index", "text"] and len(data["data"]) == 2
+    assert [row[2] for row in data["data"]] == [t for s, _, t in rows if s == "4"]
+
+
+def test_a_sample_prompt_outside_the_vocabulary_is_one_line_before_training(tmp_path):
+    from gearshift.config import ConfigError
+
+    (tmp_path / "text.txt").write_text(grammar_text(60))
+    prepare_text.prepare(tmp_path / "text.txt", tmp_path / "tokens")
+    cfg = make_cfg("logger=none", "progress_bar=false", "task=lm", "data=tokens",
+                   f"data.path={tmp_path / 'tokens'}", "data.block_size=16", "model=gpt",
+                   "model.n_layer=1", "model.n_embd=32", "max_steps=2", "task.sample_every=1",
+                   "task.sample_prompt=Zebra", tiny=False)  # fmt: skip
+    with pytest.raises(ConfigError) as error:
+        fit(cfg, tmp_path / "run")
+    assert str(error.value).startswith(
+        "task.sample_prompt='Zebra' is not allowed; the text holds characters the table lacks"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# GPT-2's pre-tokenizer (tiktoken_ext/openai_public.py), for a tiny encoding built here:
+# GPT-2's vocabulary cannot be downloaded in a test
+GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@pytest.fixture
+def tiny_gpt2(monkeypatch):
+    """A byte-pair encoding on GPT-2's pattern with 256 bytes and a few merges, served as
+    tiktoken.get_encoding("gpt2") (tiktoken's own registry of loaded encodings)."""
+    tiktoken = pytest.importorskip("tiktoken")
+    ranks = {bytes([i]): i for i in range(256)}
+    for merged in (b"th", b"the", b" the", b"ca", b"cat", b" cat", b" a", b"do", b"dog", b" dog"):
+        ranks[merged] = len(ranks)
+    encoding = tiktoken.Encoding(
+        name="gpt2", pat_str=GPT2_SPLIT, mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": len(ranks)},
+    )  # fmt: skip
+    monkeypatch.setitem(tiktoken.registry.ENCODINGS, "gpt2", encoding)
+    return encoding
+
+
+def test_gpt2_byte_pairs_through_tiktoken_prepare_train_and_generate(tiny_gpt2, tmp_path, capsys):
+    text = grammar_text(300)
+    (tmp_path / "text.txt").write_text(text)
+    meta = prepare_text.prepare(tmp_path / "text.txt", tmp_path / "tokens", tokenizer="gpt2")
+    assert meta["tokenizer"] == "gpt2" and meta["vocab_size"] == tiny_gpt2.n_vocab == 267
+    assert meta["bytes_per_token"] > 1.1  # the merges acted: fewer tokens than bytes (1.12)
+    codec = codec_for({"path": str(tmp_path / "tokens"), "vocab_size": meta["vocab_size"]})
+    ids = codec.encode("the cat sees a dog")
+    assert [tiny_gpt2.decode([i]) for i in ids[:2]] == ["the", " cat"]
+    assert codec.decode(ids) == "the cat sees a dog"
+    cfg = make_cfg(
+        "logger=none", "progress_bar=false", "task=lm", "data=tokens",
+        f"data.path={tmp_path / 'tokens'}", "data.block_size=16", "data.num_val_samples=4",
+        "model=gpt", "model.n_layer=1", "model.n_embd=32", "model.n_head=2", "batch_size=8",
+        "max_steps=2", tiny=False,
+    )  # fmt: skip
+    fit(cfg, tmp_path / "run")
+    checkpoint = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert generate_cli.main([f"resume={checkpoint}", "prompt=the cat", "max_new_tokens=6",
+                              "temperature=0", "seed=0"]) == 0  # fmt: skip
+    out = capsys.readouterr().out.rstrip("\n")
+    assert out.startswith("the cat") and len(out) > len("the cat")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_samples_under_2_ranks_are_logged_once_by_rank_0(tmp_path, strategy):
+    # DDP: rank 0 samples alone; FSDP: every rank takes part in the forward passes (sharded
+    # weights), so neither hangs, and rank 0's metrics.csv holds each sample once
+    spawn_ranks(tmp_path, [*GPT_CLIPPED, f"distributed={strategy}", "batch_size=8",
+                           "max_steps=2", "val_every_n_steps=1", "task.sample_every=1",
+                           "task.sample_tokens=5", "logger=csv"], worker=train_recorded)  # fmt: skip
+    with (tmp_path / "rank0" / "metrics.csv").open(newline="") as file:
+        rows = [row for row in csv.reader(file) if row[1].startswith("samples/")]
+    assert [(step, name) for step, name, _ in rows] == [
+        (step, f"samples/{i}") for step in ("1", "2") for i in (0, 1)
+    ]
+    # synthetic tokens have no vocabulary: ids, the prompt (id 0) and 5 new ones
+    assert all(len(text.split()) == 6 and text.split()[0] == "0" for _, _, text in rows)

@@ -69,4 +69,4 @@ def test_cuda_loop_reads_the_device_only_at_log_steps(tmp_path, monkeypatch):
     )
     reads = SyncCounter(monkeypatch, cuda_only=True)
     fit(cfg, tmp_path)
-    assert reads.count == 3 + 2 + 1  # + best.pt's finite check (the end checkpoint is best.pt)
+    assert reads.count == 3 + 2 + 1  # + best/'s finite check (the end checkpoint is best/)

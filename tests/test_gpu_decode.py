@@ -6,9 +6,9 @@ the same files; the tests marked `gpu` check the CUDA path (scripts/gpu_check.sh
 from __future__ import annotations
 
 import re
-import signal
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import SyncCounter, make_cfg, seconds, stops_at_damaged_file
 from PIL import Image
-from test_checkpoint import SignalAtStep, assert_same_parameters
+from test_checkpoint import assert_same_parameters, stop_and_resume
 
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import centre_square
@@ -31,8 +31,6 @@ from gearshift.data.gpu_decode import (
     resize_crop,
 )
 from gearshift.data.loading import build_data, to_device
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
-from gearshift.state.preemption import TrainingStopped
 from gearshift.trainer import fit
 
 CPU = torch.device("cpu")
@@ -207,12 +205,9 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     write_jpegs(tmp_path / "images", per_class=8)  # 12 to train: 2 batches an epoch
     gears = ("model=simple_cnn", "max_steps=5", "data.augment=true", "data.num_val_samples=0")
     whole = fit(jpeg_cfg(tmp_path / "images", "gpu", *gears), tmp_path / "whole")
-    stopped_dir = tmp_path / "stopped"
-    with SignalAtStep(3, signal.SIGTERM), pytest.raises(TrainingStopped):
-        fit(jpeg_cfg(tmp_path / "images", "gpu", *gears), stopped_dir)
-    saved = load_checkpoint(latest_checkpoint(stopped_dir / "checkpoints"))
+    cfg = partial(jpeg_cfg, tmp_path / "images", "gpu", *gears)
+    saved, resumed = stop_and_resume(cfg, tmp_path / "stopped", step=3)
     assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 6  # mid-epoch
-    resumed = fit(jpeg_cfg(tmp_path / "images", "gpu", *gears, "resume=auto"), stopped_dir)
     assert_same_parameters(resumed.model, whole.model)  # same batches, same augmentation
 
 

@@ -77,8 +77,8 @@ def test_fit_with_prefetch_from_host_data_on_cuda(tmp_path, monkeypatch):
     result = fit(cfg, tmp_path)
     assert result.summary["gears"]["prefetch_to_device"] is True
     assert result.summary["steps"] == 20
-    # still no host reads between log steps; + best.pt's finite check (the end checkpoint is
-    # best.pt)
+    # still no host reads between log steps; + best/'s finite check (the end checkpoint is
+    # best/)
     assert reads.count == 3 + 2 + 1
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-import signal
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import ROOT, ForwardRecorder, make_cfg, run_train, stops_at_damaged_file
 from PIL import Image
-from test_checkpoint import SignalAtStep, assert_same_parameters
+from test_checkpoint import assert_same_parameters, stop_and_resume
 from test_datasets import CPU, folder_cfg, run_dir, write_cifar
 from torch import nn
 
@@ -32,8 +32,7 @@ from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.loading import build_data
 from gearshift.data.resized import RAW_FILE
 from gearshift.data.staging import staged_path
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
-from gearshift.state.preemption import TrainingStopped
+from gearshift.state.checkpoint import load_checkpoint
 from gearshift.trainer import fit
 
 NORMALISED = ("data.mean=[0.5,0.4,0.3]", "data.std=[0.2,0.25,0.3]")
@@ -275,12 +274,9 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, readin
         *reading,
     )  # fmt: skip
     whole = fit(folder_cfg(tmp_path / "images", *gears), tmp_path / "whole")
-    stopped_dir = tmp_path / "stopped"
-    with SignalAtStep(4, signal.SIGTERM), pytest.raises(TrainingStopped):
-        fit(folder_cfg(tmp_path / "images", *gears), stopped_dir)
-    saved = load_checkpoint(latest_checkpoint(stopped_dir / "checkpoints"))
+    cfg = partial(folder_cfg, tmp_path / "images", *gears)
+    saved, resumed = stop_and_resume(cfg, tmp_path / "stopped", step=4)
     assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 8  # mid-epoch
-    resumed = fit(folder_cfg(tmp_path / "images", *gears, "resume=auto"), stopped_dir)
     assert_same_parameters(resumed.model, whole.model)
 
 
@@ -325,7 +321,7 @@ def test_a_damaged_file_mid_epoch_ends_the_command_with_one_line(tmp_path):
     assert "Traceback" not in result.stderr, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: cannot decode image {damaged}: "), result.stderr
-    assert "checkpoints" in last and list((tmp_path / "work").rglob("checkpoints/*.pt"))
+    assert "checkpoints" in last and list((tmp_path / "work").rglob("checkpoints/step_*"))
 
 
 def test_unreadable_image_keeps_one_line_when_rebuilt_from_a_worker_traceback():
@@ -349,8 +345,12 @@ def test_every_bench_data_row_ends_with_the_recipes_kind_of_batch(tmp_path, monk
 
     bench_data.write_folder(tmp_path / "images", 12, 3, (60, 60))
     args = SimpleNamespace(classes=3, size=32, batch=4, workers=0)
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
     rows = bench_data.configurations(tmp_path / "images", tmp_path / "stage", args, CPU)
     assert "torchvision recipe" in rows and "uint8, staged raw" in rows
+    assert "uint8, shards --resize (37 px JPEGs)" in rows and "uint8, data=hf (Parquet)" in rows
     reference = None
     for name, build in rows.items():
         batches, place = build()

@@ -204,8 +204,22 @@ def assert_one_line_error(done: subprocess.CompletedProcess, work: Path, message
             "task._target_='myproject.task.Denoise' is not allowed; "
             "got an unexpected keyword argument 'bogus'",
         ),
+        (
+            ("data.fields.inputs=noisey",),
+            True,
+            "data.fields={'inputs': 'noisey', 'targets': 'clean'} is not allowed; the samples' "
+            "fields are noisy, clean, id; expected inputs from one of: noisey; targets from one "
+            "of: clean",
+        ),
     ],
-    ids=["model-arguments", "model-raises", "source-arguments", "source-raises", "task-arguments"],
+    ids=[
+        "model-arguments",
+        "model-raises",
+        "source-arguments",
+        "source-raises",
+        "task-arguments",
+        "unread-field",
+    ],
 )
 def test_a_target_that_cannot_be_built_is_one_line(work, overrides, example, message):
     (work / "broken.py").write_text(BROKEN_SOURCE)

@@ -99,7 +99,7 @@ def host_reads(monkeypatch, tmp_path, max_steps: int, *gears: str) -> int:
 def test_host_reads_tensors_only_at_log_steps(tmp_path, monkeypatch, max_steps, amp):
     reads = host_reads(monkeypatch, tmp_path, max_steps, f"amp={amp}")
     log_points = max_steps // 10 + 1  # every 10 steps, plus the end of warm-up
-    # one loss read per log point; validation reads one; best.pt (the one validation is the
+    # one loss read per log point; validation reads one; best/ (the one validation is the
     # best so far) one: its weights and loss are checked finite before it is saved, and the
     # checkpoint at the end, at the same step, is that file
     assert reads == log_points + 1 + 1

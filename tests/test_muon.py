@@ -3,12 +3,17 @@ lr; its state saves and resumes exactly; a model without hidden matrices is one 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
-from helpers import make_cfg
+from distributed_workers import train_recorded
+from helpers import make_cfg, run_train
 from omegaconf import OmegaConf
 from test_checkpoint import assert_same_parameters
+from test_distributed import GPT_CLIPPED, free_port, spawn_ranks
 
+from gearshift.build import build_parts
 from gearshift.config import ConfigError
 from gearshift.engine.optim import MuonWithAdamW, build_optimizer
 from gearshift.models import GPT
@@ -46,7 +51,8 @@ def test_muon_state_saves_and_resumes_exactly(tmp_path):
     whole = fit(lm_cfg(*steady, "max_steps=6"), tmp_path / "whole")
     fit(lm_cfg(*steady, "max_steps=3"), tmp_path / "split")
     saved = load_checkpoint(latest_checkpoint(tmp_path / "split/checkpoints"))["optimizer"]
-    buffers = [s["momentum_buffer"] for s in saved["muon"]["state"].values()]
+    # both optimizers' state in one, keyed by parameter name (DCP)
+    buffers = [s["momentum_buffer"] for s in saved["state"].values() if "momentum_buffer" in s]
     assert len(buffers) == 8 and all(b.abs().sum() > 0 for b in buffers)  # Muon's own state
     resumed = fit(lm_cfg(*steady, "max_steps=6"), tmp_path / "split")
     assert resumed.summary["steps"] == 6
@@ -62,3 +68,92 @@ def test_a_model_without_hidden_matrices_is_one_line(tmp_path):
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("optimizer.name='muon' is not allowed; Embedding has no 2-D hidden weights")  # fmt: skip
+
+
+MUON_GPT = [*GPT_CLIPPED, "optimizer=muon", "optimizer.muon_lr=0.02", "optimizer.lr=0.01",
+            "optimizer.schedule=constant", "optimizer.clip_grad_norm=null", "max_steps=3"]  # fmt: skip
+
+
+def one_process(folder, overrides: list[str]) -> dict:
+    """train_recorded in this process, undoing what it sets for a rank afterwards."""
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    try:
+        train_recorded(0, 1, free_port(), str(folder), overrides)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+    return torch.load(folder / "rank0.pt", weights_only=False)
+
+
+def initial_parameters() -> dict[str, torch.Tensor]:
+    """The parameters every run of MUON_GPT starts from (the seed builds the same model)."""
+    parts = build_parts(make_cfg(*MUON_GPT, "batch_size=16", tiny=False), Ranks(), "none", CPU)
+    return parts.model.state_dict()
+
+
+def assert_near_the_update(
+    name: str, ranks: torch.Tensor, one: torch.Tensor, initial: torch.Tensor, bound: float
+):
+    """2 ranks' parameter near one process's: the same 16 windows a step, their gradient
+    means summed in another order; Muon's Newton-Schulz iteration runs in bfloat16, whose
+    rounding turns those last-bit differences into small ones of the update, so they are
+    measured against the update itself: within `bound` for Muon's matrices, a tenth of it
+    for AdamW's tensors. One process stepping on 8 windows (a rank alone) lands 50-87% of
+    the update apart."""
+    update, apart = (one - initial).norm(), (ranks - one).norm()
+    on_muon = name.startswith("blocks") and one.dim() == 2
+    assert update > 0, name
+    assert apart <= (bound if on_muon else bound / 10) * update, (name, float(apart / update))
+
+
+def test_2_ranks_under_ddp_with_muon_reach_one_process_with_the_doubled_batch(tmp_path):
+    ranks = spawn_ranks(
+        tmp_path / "ddp", [*MUON_GPT, "distributed=ddp", "batch_size=8"], worker=train_recorded
+    )
+    one = one_process(tmp_path / "one", [*MUON_GPT, "batch_size=16"])
+    assert ranks[0]["summary"]["gears"]["optimizer"] == "muon"
+    initial = initial_parameters()
+    for name, tensor in one["params"].items():
+        assert torch.equal(ranks[0]["params"][name], ranks[1]["params"][name]), name
+        # measured: Muon's matrices 1.0-1.6% of their update apart, AdamW's below 0.03%
+        assert_near_the_update(name, ranks[0]["params"][name], tensor, initial[name], 0.05)
+
+
+def test_fsdp_shards_step_with_muon_and_resume_to_one_process_with_the_doubled_batch(tmp_path):
+    # two steps, a checkpoint, then the third after a resume: the sharded Muon momentum
+    # must come back (lost, the third update would point elsewhere)
+    sharded = [*MUON_GPT, "distributed=fsdp", "batch_size=8"]
+    spawn_ranks(tmp_path / "fsdp", [*sharded, "max_steps=2"], worker=train_recorded)
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "fsdp/rank0/checkpoints"))["optimizer"]
+    buffers = [v["momentum_buffer"] for k, v in saved["state"].items() if "momentum_buffer" in v]
+    assert len(buffers) == 8 and all(b.dim() == 2 and b.abs().sum() > 0 for b in buffers)
+    ranks = spawn_ranks(tmp_path / "fsdp", [*sharded, "max_steps=3"], worker=train_recorded)
+    assert ranks[0]["summary"]["steps"] == 3
+    assert ranks[0]["summary"]["gears"]["distributed"] == "fsdp"
+    one = one_process(tmp_path / "one", [*MUON_GPT, "batch_size=16"])
+    initial = initial_parameters()
+    for name, tensor in one["params"].items():
+        whole = torch.cat([ranks[0]["params"][name], ranks[1]["params"][name]])[: len(tensor)]
+        assert ranks[0]["params"][name].numel() < tensor.numel(), name  # really sharded
+        # measured: Muon's matrices 3.4-5.3% of their update apart (the sharded Newton-Schulz
+        # also sums bfloat16 partial products across ranks), AdamW's below 0.3%
+        assert_near_the_update(name, whole, tensor, initial[name], 0.1)
+
+
+@pytest.mark.slow  # the line itself: the fast test above; exit 2 and no folder for any such line:
+# test_init_from.py's command line
+def test_muon_on_a_model_without_hidden_matrices_exits_2_with_no_run_folder(tmp_path):
+    done = run_train("experiment=lm", "optimizer=muon", "logger=none", "max_steps=1",
+                     "model._target_=torch.nn.Embedding", "+model.num_embeddings=64",
+                     "+model.embedding_dim=64", "~model.vocab_size", "~model.block_size",
+                     "~model.n_layer", "~model.n_head", "~model.n_embd", "~model.dropout",
+                     "~model.bias", "~model.activation", "~model.pad_vocab_to",
+                     "~model.checkpointing", cwd=tmp_path, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "error: optimizer.name='muon' is not allowed; Embedding has no 2-D hidden weights "
+        "(Muon orthogonalises matrices; embeddings, heads, convolutions and 1-D parameters "
+        "take AdamW): use optimizer=adamw"
+    ]
+    assert list(tmp_path.iterdir()) == []

@@ -57,8 +57,8 @@ def test_nan_stops_the_run_with_one_line_and_keeps_the_last_good_checkpoint(tmp_
     assert error.startswith("error: non-finite loss (NaN or inf) at step 3; stopped"), lines
     assert [line for line in lines if line.startswith("error:")] == [error]
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert kept == ["step_000000002.pt"]
-    assert f"the last good checkpoint: {tmp_path / 'run/checkpoints/step_000000002.pt'}" in error
+    assert kept == ["step_000000002"]
+    assert f"the last good checkpoint: {tmp_path / 'run/checkpoints/step_000000002'}" in error
     assert error in (tmp_path / "run" / "train.log").read_text()
 
 

@@ -14,6 +14,7 @@ import time
 
 import optuna
 import pytest
+import yaml
 from helpers import ROOT, seconds
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
@@ -60,6 +61,12 @@ def summary(sweep_dir, number: int) -> dict:
     return json.loads((sweep_dir / str(number) / "summary.json").read_text())
 
 
+def run_span(run_dir) -> tuple[float, float]:
+    """When a run wrote its config and its summary: inside its process's lifetime."""
+    began = (run_dir / ".hydra" / "config.yaml").stat().st_mtime
+    return began, (run_dir / "summary.json").stat().st_mtime
+
+
 def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
     sweep_dir = tmp_path / "search"
     done = sweep(
@@ -85,6 +92,22 @@ def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
         for (s_start, s_end) in spans
         for (t_start, _) in spans
     ), spans
+    # each trial in its own device slot: trials whose runs overlapped (from writing their
+    # config to writing their summary) ran on disjoint cores, with as many torch threads
+    cores = {
+        t.number: set(summary(sweep_dir, t.number)["environment"]["cpu_cores"]) for t in trials
+    }
+    ran = {n: run_span(sweep_dir / str(n)) for n in cores}
+    overlapped = [
+        (a, b) for a in ran for b in ran if a < b and ran[a][0] < ran[b][1] and ran[b][0] < ran[a][1]
+    ]  # fmt: skip
+    assert overlapped, ran
+    for a, b in overlapped:
+        assert not cores[a] & cores[b], (a, cores[a], b, cores[b])
+    usable = len(os.sched_getaffinity(0))  # 2 cores here: 1 each
+    for t in trials:
+        threads = summary(sweep_dir, t.number)["environment"]["torch_threads"]
+        assert len(cores[t.number]) == threads in (usable // 2, usable - usable // 2)
     for t in trials:  # each trial's run trained with the values the study holds for it
         s = summary(sweep_dir, t.number)
         assert s["steps"] == t.params["max_steps"]
@@ -93,6 +116,9 @@ def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
     best = max(trials, key=lambda t: summary(sweep_dir, t.number)["best"]["value"])
     assert load(sweep_dir).best_value == pytest.approx(best.value)  # maximize: val_accuracy
     assert load(sweep_dir).direction == optuna.study.StudyDirection.MAXIMIZE
+    results = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    assert results["best_value"] == pytest.approx(best.value)
+    assert results["best_params"] == best.params
 
 
 def test_the_median_pruner_stops_a_hopeless_trial_after_its_first_validations(tmp_path):
@@ -121,7 +147,7 @@ def test_the_median_pruner_stops_a_hopeless_trial_after_its_first_validations(tm
         assert s["steps"] < 12 and s["steps"] % 3 == 0  # stopped at a validation
         assert t.user_attrs["pruned_at_step"] == s["steps"]
         assert sorted(t.intermediate_values) == list(range(3, s["steps"] + 1, 3))
-        assert list((sweep_dir / str(t.number) / "checkpoints").glob("step_*.pt"))  # it saved
+        assert list((sweep_dir / str(t.number) / "checkpoints").glob("step_*"))  # it saved
     for t in trials:
         if t.state == TrialState.COMPLETE:
             assert summary(sweep_dir, t.number)["steps"] == 12
@@ -145,7 +171,7 @@ def test_a_killed_sweep_continues_where_it_stopped_and_resumes_its_running_trial
         start_new_session=True,  # the sweep and its trials' processes: one group to kill
     )
     deadline = time.monotonic() + seconds(300)
-    while not list(sweep_dir.glob("*/checkpoints/step_*.pt")):  # a trial is midway
+    while not list(sweep_dir.glob("*/checkpoints/step_*")):  # a trial is midway
         assert first.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
     os.killpg(first.pid, signal.SIGKILL)  # the sweep and its trials, at once, like a lost node
@@ -155,7 +181,7 @@ def test_a_killed_sweep_continues_where_it_stopped_and_resumes_its_running_trial
     assert interrupted, [t.state for t in before]
     steps_at_kill = {}
     for n in interrupted:
-        saved = sorted((sweep_dir / str(n) / "checkpoints").glob("step_*.pt"))
+        saved = sorted((sweep_dir / str(n) / "checkpoints").glob("step_*"))
         if saved:
             steps_at_kill[n] = int(saved[-1].stem.split("_")[-1])
     assert steps_at_kill  # at least one interrupted trial had saved
@@ -181,6 +207,10 @@ def test_a_killed_sweep_continues_where_it_stopped_and_resumes_its_running_trial
         ("optimizer.lr=interval(0.5, 0.1)", "needs low < high"),
         ("batch_size=glob(a*)", "batch_size=glob(a*) is not allowed"),
         ("hydra.sweeper.storage=afile/study.journal", "afile is a file, not a folder"),
+        (  # more trials in flight than this machine has cores (or GPUs) for
+            f"hydra.sweeper.n_jobs={len(os.sched_getaffinity(0)) + 1}",
+            "is not allowed with hydra/launcher=processes on",
+        ),
     ],
 )
 def test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder(tmp_path, override, message):
@@ -201,7 +231,7 @@ def readme_commands() -> list[list[str]]:
 
 
 def test_the_readme_commands_search_prune_and_report(tmp_path):
-    _, search, report = readme_commands()
+    _, search, report, _on_slurm = readme_commands()  # the last: tests/test_slurm.py
     assert search[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
     # the README's command, made tiny: later overrides win
     small = ("hydra.sweeper.n_trials=2", "max_steps=4", "val_every_n_steps=2")
@@ -210,13 +240,87 @@ def test_the_readme_commands_search_prune_and_report(tmp_path):
     sweep_dir = tmp_path / "multirun" / "lr"
     trials = load(sweep_dir).trials
     assert len(trials) == 2 and all(len(t.intermediate_values) >= 1 for t in trials)
-    assert report[:3] == ["python", "-m", "hydra_plugins.gearshift_sweeper.report"]
+    for t in trials:  # hparams_search=lr_batch's space, and the trial's values acted
+        assert 0.001 <= t.params["optimizer.lr"] <= 0.5
+        assert t.params["batch_size"] in (32, 64, 128, 256)
+        assert summary(sweep_dir, t.number)["gears"]["batch_size"] == t.params["batch_size"]
+    assert report[:2] == ["make", "report"] and report[2] == "DIR=multirun/lr"
     (sweep_dir / "study_report.md").unlink()
-    made = subprocess.run(
-        [sys.executable, *report[1:]], cwd=tmp_path, capture_output=True, text=True,
-        timeout=seconds(120),
-    )  # fmt: skip
+    made = make_report(tmp_path, sweep_dir)
     assert made.returncode == 0, made.stderr
     table = (sweep_dir / "study_report.md").read_text()
     assert "| 0 | " in table and "| 1 | " in table
     assert (sweep_dir / "optimization_history.png").stat().st_size > 0
+    assert not (sweep_dir / "report.md").exists()  # not the gear report
+
+
+def make_report(tmp_path, sweep_dir) -> subprocess.CompletedProcess:
+    """`make report DIR=<sweep_dir>` from the repository, with this Python (a venv marked
+    installed, so make installs nothing)."""
+    venv = tmp_path / "venv"
+    venv.mkdir(exist_ok=True)
+    (venv / ".installed").touch()
+    made = ["make", "--no-print-directory", "report", f"DIR={sweep_dir}"]
+    return subprocess.run(
+        [*made, f"VENV={venv}", f"PY={sys.executable}"],
+        cwd=ROOT, env=env(tmp_path), capture_output=True, text=True, timeout=seconds(120),
+    )  # fmt: skip
+
+
+def test_the_report_finds_a_study_whose_journal_lives_elsewhere(tmp_path):
+    # a sweep run with hydra.sweeper.storage=<path>: multirun.yaml names it
+    journal = tmp_path / "studies" / "lr.journal"
+    journal.parent.mkdir()
+    storage = JournalStorage(JournalFileBackend(str(journal)))
+    study = optuna.create_study(study_name="lr", storage=storage, direction="maximize")
+    for value in (0.5, 0.7, 0.6):
+        trial = study.ask({"optimizer.lr": optuna.distributions.FloatDistribution(1e-4, 1)})
+        study.tell(trial, value)
+    sweep_dir = tmp_path / "search"
+    sweep_dir.mkdir()
+    sweeper = {"_target_": "hydra_plugins.gearshift_sweeper.sweeper.OptunaSweeper"}
+    multirun = {"hydra": {"sweeper": sweeper | {"storage": str(journal)}}}
+    (sweep_dir / "multirun.yaml").write_text(json.dumps(multirun))  # JSON is YAML
+    made = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "report.py"), "--no-plot", str(sweep_dir)],
+        cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=seconds(60),
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    report = (sweep_dir / "study_report.md").read_text()
+    assert "# Study lr" in report and "Best: trial 1, value 0.7" in report
+    assert [line[:6] for line in report.splitlines() if line.startswith("| ")][1:] == [
+        "| 0 | ",
+        "| 1 | ",
+        "| 2 | ",
+    ]
+
+
+@pytest.mark.gpu
+def test_on_a_machine_with_gpus_each_trial_in_flight_sees_one_gpu_of_its_own(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs: with one, a single trial runs at a time")
+    sweep_dir = tmp_path / "search"
+    done = sweep(
+        tmp_path,
+        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_jobs=2",
+        "batch_size=choice(32)",
+        "max_steps=50",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert done.returncode == 0, done.stderr
+    environments = {n: summary(sweep_dir, n)["environment"] for n in range(4)}
+    ran = {n: run_span(sweep_dir / str(n)) for n in range(4)}
+    for n, environment in environments.items():
+        assert summary(sweep_dir, n)["device"].startswith("cuda")
+        assert len(environment["cuda_visible_devices"].split(",")) == 1, environment
+    for a in ran:
+        for b in ran:
+            if a < b and ran[a][0] < ran[b][1] and ran[b][0] < ran[a][1]:
+                gpus = (
+                    environments[a]["cuda_visible_devices"],
+                    environments[b]["cuda_visible_devices"],
+                )
+                assert gpus[0] != gpus[1], (a, b, gpus)

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
-from helpers import ROOT, ForwardRecorder, make_cfg
+from helpers import ForwardRecorder, load_script, make_cfg
 from torch import nn
 
 from gearshift.batch_finder import TensorMemory
@@ -251,14 +251,8 @@ def test_checkpointing_under_torch_compile_matches_eager():
         torch.testing.assert_close(a, b, msg=n)  # BatchNorm updated once under compile too
 
 
-def test_the_report_names_the_new_gears_in_a_sweep(tmp_path, monkeypatch):
-    import importlib.util
-    import sys
-
-    spec = importlib.util.spec_from_file_location("report", ROOT / "scripts" / "report.py")
-    report = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "report", report)  # its dataclasses look themselves up
-    spec.loader.exec_module(report)
+def test_the_report_names_the_new_gears_in_a_sweep(tmp_path):
+    report = load_script("report")
     (tmp_path / ".hydra").mkdir()
     overrides = ["model=resnet50", "batch_size=auto", "model.checkpointing=true", "max_steps=30"]
     overrides += ["data.on_device=false", "data.image_size=224"]

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import torch
-from helpers import make_cfg
+from helpers import make_cfg, recording_epoch_samples
 from test_checkpoint import SignalAtStep
 
 from gearshift.data.loading import DeviceBatches, EpochSampler, epoch_order
@@ -55,24 +55,15 @@ def test_the_position_saves_samples_and_an_old_checkpoints_batches_still_load():
 
 @pytest.mark.parametrize("resumed_batch", [8, 32])
 def test_a_resume_with_another_batch_size_trains_each_sample_of_the_epoch_once(
-    tmp_path, monkeypatch, resumed_batch
+    tmp_path, resumed_batch
 ):
-    taken: list[int] = []
-    iterate = EpochSampler.__iter__
-
-    def recording(sampler):
-        for index in iterate(sampler):
-            if sampler.epoch == 0 and sampler.shuffle:  # training samples of epoch 0
-                taken.append(index)
-            yield index
-
-    monkeypatch.setattr(EpochSampler, "__iter__", recording)
     gears = ("model=mlp", "data.image_size=8", "data.num_samples=128", "data.on_device=false")
     gears += ("dataloader.num_workers=0", "epochs=1", "data.num_val_samples=0")
-    with SignalAtStep(3, signal.SIGTERM), pytest.raises(TrainingStopped):
-        fit(make_cfg(*gears, "batch_size=16"), tmp_path)
-    position = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))["position"]
-    assert position["epoch_samples"] == 3 * 16 and len(taken) == 3 * 16
-    summary = fit(make_cfg(*gears, f"batch_size={resumed_batch}"), tmp_path).summary
+    with recording_epoch_samples() as taken:
+        with SignalAtStep(3, signal.SIGTERM), pytest.raises(TrainingStopped):
+            fit(make_cfg(*gears, "batch_size=16"), tmp_path)
+        position = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))["position"]
+        assert position["epoch_samples"] == 3 * 16 and len(taken) == 3 * 16
+        summary = fit(make_cfg(*gears, f"batch_size={resumed_batch}"), tmp_path).summary
     assert sorted(taken) == list(range(128))  # the epoch's 128 samples, each once
     assert summary["steps"] == 3 + -(-(128 - 48) // resumed_batch)

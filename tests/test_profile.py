@@ -23,7 +23,7 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     monkeypatch.setenv("WANDB_SILENT", "true")
-    # An MLP at a batch that makes its matmuls the heaviest ops; 8 steps: 1 warm-up, 1 wait,
+    # An MLP at a batch where its matmuls weigh; 8 steps: 1 warm-up, 1 wait,
     # then the profiler's warm-up step and 2 active ones (steps 4 and 5).
     cfg = make_cfg(
         "model=mlp", "profile=on", "batch_size=256", "max_steps=8", "warmup_steps=1",
@@ -53,7 +53,9 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
 
     ops = (tmp_path / summary["profile"]["ops"]).read_text().splitlines()
     assert ops[0].split()[:2] == ["operator", "calls"]
-    assert ops[1].split()[0] in ("aten::addmm", "aten::mm")  # the heaviest op first
+    # the matmuls are in the table; which op is heaviest is the machine's (a busy core can
+    # stretch an add past them), so the order is checked by the times themselves
+    assert {"aten::addmm", "aten::mm"} & {line.split()[0] for line in ops[1:]}
     assert not any(line.startswith("ProfilerStep") for line in ops)
     self_ms = [float(line.split()[-3]) for line in ops[1:]]
     assert self_ms == sorted(self_ms, reverse=True)

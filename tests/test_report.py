@@ -4,7 +4,6 @@ pairs are made within rounds, failed runs are listed, and W&B gets the same read
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, seconds
+from helpers import ROOT, load_script, seconds
 from wandb_records import finished_records
 
 MIB = 2**20
@@ -412,17 +411,8 @@ def test_a_run_whose_round_has_no_baseline_run_is_left_unpaired(tmp_path):
     assert "1 run(s) without a baseline run in their round" in (tmp_path / "report.md").read_text()
 
 
-def load_module(name: str, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, module)  # its dataclasses look themselves up
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_interval_holds_the_median_with_the_probability_it_claims(monkeypatch):
-    effects = load_module("report_effects", monkeypatch)
+def test_the_interval_holds_the_median_with_the_probability_it_claims():
+    effects = load_script("report_effects")
     # min-max below 5 pairs; the k-th from each end where that reaches 90%
     assert [effects.interval_rank(n) for n in (3, 4, 5, 7, 8, 10, 12, 20)] == [
         1, 1, 1, 1, 2, 2, 3, 6
@@ -433,8 +423,8 @@ def test_the_interval_holds_the_median_with_the_probability_it_claims(monkeypatc
     assert effects.describe_interval(8) == "2nd smallest to 2nd largest of 8 pairs (93% interval)"
 
 
-def test_rounds_to_resolve_five_percent_grow_with_the_spread(monkeypatch):
-    effects = load_module("report_effects", monkeypatch)
+def test_rounds_to_resolve_five_percent_grow_with_the_spread():
+    effects = load_script("report_effects")
 
     def spread(s: float) -> list[float]:  # log ratios of standard deviation s
         return [math.log(1 + s * z) for z in (-1.0, 0.0, 1.0)]

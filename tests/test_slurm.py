@@ -1,4 +1,4 @@
-"""Sweeps as SLURM jobs, on the real one-node cluster of scripts/slurm/up.sh.
+"""Sweeps as SLURM jobs, on the real cluster of scripts/slurm/up.sh (one node is all they use).
 
 The session fixture brings the cluster up (or uses it when it is up already). Where it
 cannot (not root, no apt), these tests fail under CI and are skipped with the reason
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,8 +21,12 @@ import uuid
 from pathlib import Path
 
 import helpers
+import optuna
 import pytest
 from helpers import ROOT, seconds
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import TrialState
 
 pytestmark = pytest.mark.slurm
 
@@ -79,6 +84,7 @@ class Sweep:
             "hydra/launcher=slurm",
             f"hydra.launcher.name={self.name}",
             f"hydra.launcher.timeout_min={timeout_min}",
+            "hydra.launcher.poll_s=2",  # a job that dies is noticed within 2 s
             f"hydra.sweep.dir={self.dir}",
             *TINY,
             *overrides,
@@ -254,15 +260,18 @@ def pending(pid: int, signum: int) -> bool:
     return any(mask >> (signum - 1) & 1 for mask in masks)
 
 
-def signal_when_checkpointed(sweep: Sweep, signum: str) -> str:
+def signal_when_checkpointed(
+    sweep: Sweep, signum: str, tasks: int | None = None, wait_s: float = 120
+) -> str:
     """Send the job `signum` (as SLURM does before the time limit or on preemption, with
     submitit's --signal=USR2) right after its first checkpoint. The training processes are
     held (SIGSTOP) from the moment the checkpoint shows until the signal waits for them,
     so on a machine of any speed the job stops a few steps after that checkpoint, and a
     short max_steps leaves the requeued job little to train."""
     checkpoints = sweep.dir / "0" / "checkpoints"
-    wait_for(lambda: any(checkpoints.glob("*.pt")), 120, "the first checkpoint", poll_s=0.01)
+    wait_for(lambda: any(checkpoints.glob("step_*")), wait_s, "the first checkpoint", poll_s=0.01)
     pids = training_pids(f"SLURM_JOB_NAME={sweep.name}")
+    assert tasks is None or len(pids) == tasks, pids  # one process per task, on any node
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -278,10 +287,12 @@ def signal_when_checkpointed(sweep: Sweep, signum: str) -> str:
 
 def start_requeued_job_now(sweep: Sweep, job: str) -> None:
     """SLURM holds a requeued job back for a while (Reason=BeginTime, ~3 minutes here); wait
-    until it is pending again, which shows the requeue happened, then let it start now."""
+    until it is pending again, which shows the requeue happened, then let it start in 2 s.
+    Not at once: the node revoked the job's credential at the requeue, to the second, and a
+    start within that same second is refused ("Job credential revoked") and fails the job."""
     wait_for(lambda: sweep.jobs().get(job) == "PENDING", 60, "the job to be requeued")
     subprocess.run(
-        ["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, timeout=seconds(30)
+        ["scontrol", "update", f"JobId={job}", "StartTime=now+2"], check=True, timeout=seconds(30)
     )
 
 
@@ -311,7 +322,7 @@ def test_a_signalled_job_checkpoints_is_requeued_and_resumes(sweep, timeout_min,
     log = (sweep.dir / "0" / "train.log").read_text()  # both attempts write to it
     stopped_at = int(log.split("stopped by SIGUSR2 after step ")[1].split(";")[0])
     assert every <= stopped_at < steps
-    assert f"step_{stopped_at:09d}.pt at step {stopped_at}" in log  # the requeued job resumed
+    assert f"step_{stopped_at:09d} at step {stopped_at}" in log  # the requeued job resumed
     summary = json.loads((sweep.dir / "0" / "summary.json").read_text())
     assert summary["steps"] == steps and summary["samples"] == steps * 16 * ranks
     assert summary["world_size"] == ranks
@@ -330,5 +341,177 @@ def test_a_job_at_its_time_limit_with_no_requeues_left_fails_the_sweep(sweep):
     assert code != 0
     assert "timed-out too many times" in output, output
     assert restarts(job) == 0
-    assert any((sweep.dir / "0" / "checkpoints").glob("*.pt"))  # saved for a manual resume
+    assert any((sweep.dir / "0" / "checkpoints").glob("step_*"))  # saved for a manual resume
     assert not (sweep.dir / "0" / "summary.json").exists()
+
+
+# ---------------------------------------------------------------- Optuna sweeps on SLURM
+
+SEARCH = ("hparams_search=lr_batch", "warmup_steps=0", "batch_size=choice(32)")
+
+
+def study(sweep: Sweep) -> optuna.Study:
+    storage = JournalStorage(JournalFileBackend(str(sweep.dir / "study.journal")))
+    return optuna.load_study(study_name="lr_batch", storage=storage)
+
+
+def trials_now(sweep: Sweep) -> list:
+    """The study's trials as the journal holds them now (none before it exists)."""
+    if not (sweep.dir / "study.journal").exists():
+        return []
+    return study(sweep).get_trials(deepcopy=False)
+
+
+def trial_of_each_job(sweep: Sweep) -> dict[str, int]:
+    """{SLURM job id: the trial it ran}, from what submitit pickled for each job (the
+    launcher's call: overrides, the sweep dir's key, the job number, ...)."""
+    return {
+        path.parent.name: pickle.loads(path.read_bytes()).args[2]
+        for path in sweep.dir.glob(".submitit/*/*_submitted.pkl")
+    }
+
+
+def hold(job: str) -> list[int]:
+    """Stop the job's training processes (SIGSTOP): SLURM still runs the job."""
+    pids = training_pids(f"SLURM_JOB_ID={job}")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def release(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+
+
+def job_of(sweep: Sweep, number: int) -> str:
+    """The SLURM job the sweeper recorded for trial `number` (its newest)."""
+    return trials_now(sweep)[number].user_attrs["slurm_jobs"][-1]
+
+
+def summary_of(sweep: Sweep, number: int) -> dict:
+    return json.loads((sweep.dir / str(number) / "summary.json").read_text())
+
+
+def readme_slurm_search() -> list[str]:
+    """The overrides of README's Optuna-on-SLURM command."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Hyper-parameter search (Optuna)", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    lines = [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+    [words] = [w for w in lines if "hydra/launcher=slurm" in w]
+    assert words[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
+    return words[4:]
+
+
+@pytest.mark.timeout(seconds(300))
+def test_an_optuna_search_keeps_two_slurm_jobs_in_flight_and_prunes(sweep):
+    # README's command, made small (later overrides win). Trial 0 is held (SIGSTOP) from
+    # the moment it starts until trial 1 has ended and trial 2, asked at that moment, has
+    # been pruned: trials in flight, no batch barrier, whatever the machine's speed.
+    sweep.start(
+        *readme_slurm_search(),
+        *SEARCH,
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.pruner_args.n_startup_trials=1",
+        "hydra.sweeper.enqueue=[{optimizer.lr: 0.1, max_steps: 2}, "
+        "{optimizer.lr: 0.1, max_steps: 12}, {optimizer.lr: 0.00000001, max_steps: 12}]",
+        "optimizer.lr=choice(0.1, 0.00000001)",
+        "max_steps=choice(2, 12)",
+        "val_every_n_steps=3",
+        f"hydra.sweep.dir={sweep.dir}",
+    )
+    wait_for(lambda: (sweep.dir / "0" / ".hydra").is_dir(), 120, "trial 0 to start")
+    held = hold(job_of(sweep, 0))
+    try:
+        wait_for(
+            lambda: len(trials := trials_now(sweep)) == 3 and trials[2].state.is_finished(),
+            150,
+            "trial 1 to end and trial 2 to run and end",
+        )
+    finally:
+        release(held)
+    code, output = sweep.finish(timeout=150)
+    assert code == 0, output
+    t0, t1, t2 = trials = study(sweep).trials
+    assert t2.datetime_start >= t1.datetime_complete  # asked when trial 1 ended,
+    assert t2.datetime_complete <= t0.datetime_complete  # while trial 0 still ran
+    assert (t0.state, t1.state, t2.state) == (
+        TrialState.COMPLETE,
+        TrialState.COMPLETE,
+        TrialState.PRUNED,
+    )
+    pruned = summary_of(sweep, 2)  # the hopeless learning rate stopped at a validation
+    assert pruned["stop_reason"] == "pruned" and pruned["steps"] < 12 and pruned["steps"] % 3 == 0
+    assert t2.user_attrs["pruned_at_step"] == pruned["steps"]
+    assert summary_of(sweep, 1)["steps"] == 12 and summary_of(sweep, 0)["steps"] == 2
+    best = max((t0, t1), key=lambda t: summary_of(sweep, t.number)["best"]["value"])
+    assert study(sweep).best_value == pytest.approx(best.value)
+    # one SLURM job per trial, each run to its end (the pruned one too: it exits 0)
+    jobs = trial_of_each_job(sweep)
+    assert sorted(jobs.values()) == [0, 1, 2]
+    assert all(jobs[t.user_attrs["slurm_jobs"][0]] == t.number for t in trials)
+    wait_for(lambda: set(sweep.jobs().values()) == {"COMPLETED"}, 60, "the jobs to complete")
+
+
+@pytest.mark.timeout(seconds(360))
+def test_a_killed_optuna_search_waits_for_its_live_jobs_and_relaunches_the_dead(sweep):
+    search = (
+        *SEARCH,
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.n_jobs=2",
+        "max_steps=100",
+        "checkpoint.every_n_steps=10",
+    )
+    sweep.start(*search)
+    # trial 0 holds (SIGSTOP) as it starts, trial 1 at its first checkpoint; then the sweep
+    # dies: both jobs live on, held whatever the machine's speed
+    held: dict[int, list[int]] = {}
+    submitted = lambda: sum("slurm_jobs" in t.user_attrs for t in trials_now(sweep)) == 2  # noqa: E731
+    wait_for(submitted, 60, "trials 0 and 1 to be submitted")
+    first_jobs = {n: job_of(sweep, n) for n in (0, 1)}  # recorded before anything waits
+
+    def hold_both() -> bool:
+        if 0 not in held and (sweep.dir / "0" / ".hydra").is_dir():
+            held[0] = hold(first_jobs[0])
+        if 1 not in held and any((sweep.dir / "1").glob("checkpoints/step_*")):
+            held[1] = hold(first_jobs[1])
+        return len(held) == 2
+
+    try:
+        wait_for(hold_both, 150, "trial 0 to start, trial 1 to checkpoint", poll_s=0.01)
+        os.killpg(sweep.process.pid, signal.SIGKILL)
+        sweep.process.wait()
+        assert set(sweep.jobs().values()) == {"RUNNING"}  # the jobs outlive their sweep
+        # trial 1's job dies too (killed, as by the OOM killer: no result); trial 0's lives on
+        for pid in held.pop(1):
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: sweep.jobs()[first_jobs[1]] == "FAILED", 60, "trial 1's job to fail")
+        saved = sorted((sweep.dir / "1" / "checkpoints").glob("step_*"))
+        step_at_kill = int(saved[-1].stem.split("_")[-1])
+
+        sweep.start(*search)  # the same command again
+        relaunched = lambda: len(trials_now(sweep)[1].user_attrs["slurm_jobs"]) == 2  # noqa: E731
+        wait_for(relaunched, 120, "trial 1 to be launched again")
+    finally:
+        release(held.pop(0, []))
+    code, output = sweep.finish(timeout=200)
+    assert code == 0, output
+    assert f"trial 0: its SLURM job {first_jobs[0]} outlived the sweep: waiting for it" in output
+    trials = study(sweep).trials
+    assert [t.number for t in trials] == [0, 1, 2]  # n_trials in all, none asked twice
+    assert all(t.state == TrialState.COMPLETE for t in trials)
+    jobs = trial_of_each_job(sweep)  # what SLURM ran, from submitit's own files
+    runs = {n: sorted(j for j, t in jobs.items() if t == n) for n in (0, 1, 2)}
+    assert runs[0] == [first_jobs[0]]  # waited for, not launched beside its live job
+    assert len(runs[1]) == 2 and runs[1][0] == first_jobs[1]  # the dead one: launched again
+    assert len(runs[2]) == 1
+    assert sweep.jobs()[first_jobs[1]] == "FAILED"
+    others = (*runs[0], runs[1][1], *runs[2])
+    wait_for(lambda: {sweep.jobs()[j] for j in others} == {"COMPLETED"}, 60, "the others to end")
+    for n in (0, 1, 2):
+        assert summary_of(sweep, n)["steps"] == 100
+    log = (sweep.dir / "1" / "train.log").read_text()  # trial 1 went on from its checkpoint
+    assert f"step_{step_at_kill:09d} at step {step_at_kill}" in log, log
+    assert "resumed from" not in (sweep.dir / "0" / "train.log").read_text()  # never stopped

@@ -3,23 +3,20 @@ read back exactly, checked before any run folder exists, resumed and sharded lik
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import math
 import pickle
-import random
 import re
 from collections import Counter
-from itertools import pairwise
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from helpers import ROOT, make_cfg, run_train, seconds
+from helpers import load_script, make_cfg, run_train, seconds
 from omegaconf import OmegaConf
 from rich.console import Console
-from test_checkpoint import SignalAtStep, assert_same_parameters
+from test_checkpoint import assert_same_parameters, stop_and_resume
 
 from gearshift.config import ConfigError, check_config
 from gearshift.config import token_files as token_files_module
@@ -28,33 +25,14 @@ from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.data.tokens import token_files
 from gearshift.observe.console import print_summary
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
-from gearshift.state.preemption import TrainingStopped
 from gearshift.trainer import Trainer, fit
 
 CPU = torch.device("cpu")
-_spec = importlib.util.spec_from_file_location("prepare_text", ROOT / "scripts/prepare_text.py")
-prepare_text = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(prepare_text)
-
-
-def grammar_text(sentences: int, seed: int = 0) -> str:
-    """Sentences of a small grammar: the words are fixed spellings, the choices random."""
-    rng = random.Random(seed)
-    subjects = ["the cat", "a dog", "my old friend", "the teacher", "every child", "our queen"]
-    verbs = ["sees", "likes", "chases", "paints", "forgets", "carries"]
-    objects = ["the moon", "a red ball", "his garden", "the river", "some bread", "a letter"]
-    endings = [".\n", "!\n", " today.\n", " again.\n"]
-    return "".join(
-        f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}{rng.choice(endings)}"
-        for _ in range(sentences)
-    )
-
-
-def unigram_entropy(text: str) -> float:
-    """Nats per character of the best model that ignores context: the characters' frequencies."""
-    counts = Counter(text)
-    return -sum(c / len(text) * math.log(c / len(text)) for c in counts.values())
+prepare_text = load_script("prepare_text")
+grammar = load_script("grammar")
+grammar_text, unigram_entropy, bigram_entropy = (
+    grammar.grammar_text, grammar.unigram_entropy, grammar.bigram_entropy
+)  # fmt: skip
 
 
 def token_folder(path: Path, ids: np.ndarray, vocab_size: int, **meta) -> Path:
@@ -348,12 +326,9 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path):
     folder = _prepared(tmp_path)
     gears = ("accum=2", "max_steps=16", "optimizer=adamw", "optimizer.lr=0.05")
     whole = fit(tokens_cfg(folder, *gears), tmp_path / "whole")
-    run_dir = tmp_path / "stopped"
-    with SignalAtStep(10), pytest.raises(TrainingStopped):
-        fit(tokens_cfg(folder, *gears), run_dir)
-    saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
+    cfg = partial(tokens_cfg, folder, *gears)
+    saved, resumed = stop_and_resume(cfg, tmp_path / "stopped", step=10)
     assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 6 * 16
-    resumed = fit(tokens_cfg(folder, *gears, "resume=auto"), run_dir)
     assert_same_parameters(resumed.model, whole.model)
     assert resumed.summary["val_loss"] == whole.summary["val_loss"]
 
@@ -407,13 +382,6 @@ def test_tokens_per_sec_in_the_summary_wandb_metrics_and_console(tmp_path, monke
     assert re.search(r"tokens/s per device\s*│\s*[\d,.]+ │", console.export_text())
     image = fit(make_cfg("model=mlp", "max_steps=2"), tmp_path / "image").summary
     assert "tokens_per_sec" not in image  # a sample of an image task is not tokens
-
-
-def bigram_entropy(text: str) -> float:
-    """Nats per character of the best model that sees one character back (a bigram table)."""
-    pairs, firsts = Counter(pairwise(text)), Counter(text[:-1])
-    n = len(text) - 1
-    return -sum(c / n * math.log(c / firsts[a]) for (a, _), c in pairs.items())
 
 
 @pytest.mark.timeout(seconds(240))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop the local test cluster of up.sh: cancel its jobs, stop slurmd, slurmctld and munged
+# Stop the local test cluster of up.sh: cancel its jobs, stop both slurmd, slurmctld and munged
 # by the PIDs in their pid files, remove the sacct stand-in and (unless --keep-config) the
 # slurm.conf that up.sh wrote. Logs stay in /var/lib/gearshift-slurm/log. Safe to run twice.
 set -euo pipefail
@@ -43,7 +43,10 @@ if [[ -s $SLURMCTLD_PID ]] && kill -0 "$(cat "$SLURMCTLD_PID")" 2>/dev/null; the
         sleep 1  # let slurmd's steps end the jobs' processes
     fi
 fi
-stop slurmd "$SLURMD_PID"
+for node in "${NODES[@]}"; do
+    stop "slurmd $node" "$(slurmd_pid "$node")"
+done
+stop slurmd "$LEGACY_SLURMD_PID"
 stop slurmctld "$SLURMCTLD_PID"
 stop munged "$MUNGED_PID"
 if ours "$SACCT_SHIM"; then rm -f "$SACCT_SHIM"; fi

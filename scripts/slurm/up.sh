@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# A real one-node SLURM cluster on this machine, for the SLURM tests and to try SLURM sweeps.
+# A real two-node SLURM cluster on this machine, for the SLURM tests and to try SLURM sweeps.
 #
 #   sudo scripts/slurm/up.sh      (or: make slurm-up)      then: sinfo, squeue, sbatch ...
 #   sudo scripts/slurm/down.sh    (or: make slurm-down)
 #
 # Installs Debian's slurmctld, slurmd, slurm-client and munge if they are missing, writes
-# /etc/slurm/slurm.conf for this host (one node with all its CPUs and its memory less
-# 1 GiB, one partition `debug`), starts munged, slurmctld and slurmd by hand (no systemd
-# needed) and waits until the node is idle. Running it again while the cluster is up
+# /etc/slurm/slurm.conf for this host (two nodes, node1 and node2, one partition `debug`),
+# starts munged, slurmctld and one slurmd per node by hand (no systemd needed) and waits
+# until both nodes are idle. Debian's slurmd is built with MULTIPLE_SLURMD, so both nodes
+# run here: each slurmd (`slurmd -N node1`) has its own port, spool folder, log and pid
+# file, and both nodes have NodeAddr 127.0.0.1, an address and not their name, which
+# resolves nowhere (as on clusters whose node names are not host names: a job must take
+# its peers' addresses from `scontrol show node`). Each node offers all of this host's CPUs
+# and its memory less 1 GiB (the two share them). Running it again while the cluster is up
 # changes nothing. There is no accounting daemon, so it also puts a small `sacct` on the
 # PATH (sacct.sh) that answers from slurmctld's own job table: submitit then sees a job
 # that died without a result as FAILED/CANCELLED/TIMEOUT instead of waiting for it forever.
@@ -38,6 +43,12 @@ install_packages() {
     apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
 }
 
+running() {  # any daemon of the cluster runs (of this cluster or of the one-node one before)
+    alive "$SLURMCTLD_PID" || alive "$LEGACY_SLURMD_PID" && return 0
+    for node in "${NODES[@]}"; do alive "$(slurmd_pid "$node")" && return 0; done
+    return 1
+}
+
 alive() {  # alive PIDFILE: the process named in the pid file runs
     [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
@@ -55,7 +66,7 @@ write_config() {
     local new
     new="$(mktemp)"
     cat >"$new" <<EOF
-# $CONF_MARKER: a one-node test cluster written by scripts/slurm/up.sh; removed by down.sh.
+# $CONF_MARKER: a two-node test cluster written by scripts/slurm/up.sh; removed by down.sh.
 ClusterName=gearshift
 SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
@@ -74,14 +85,19 @@ ReturnToService=2
 # Finished jobs stay in slurmctld's table for a day: the sacct stand-in answers from it.
 MinJobAge=86400
 KillWait=5
+# A small cluster can afford to look at its queue often: a requeued job whose begin time has
+# come starts within a second or two, not at the next backfill pass (30 s by default).
+SchedulerParameters=bf_interval=1,sched_interval=2
 StateSaveLocation=$SLURM_ROOT/state
-SlurmdSpoolDir=$SLURM_ROOT/spool
+SlurmdSpoolDir=$SLURM_ROOT/spool/%n
 SlurmctldPidFile=$SLURMCTLD_PID
-SlurmdPidFile=$SLURMD_PID
+SlurmdPidFile=$(slurmd_pid %n)
 SlurmctldLogFile=$SLURM_ROOT/log/slurmctld.log
-SlurmdLogFile=$SLURM_ROOT/log/slurmd.log
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mib State=UNKNOWN
-PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+SlurmdLogFile=$SLURM_ROOT/log/slurmd-%n.log
+# Two slurmd on this host (MULTIPLE_SLURMD), told apart by their ports.
+NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=6818 CPUs=$cpus RealMemory=$mem_mib State=UNKNOWN
+NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=6828 CPUs=$cpus RealMemory=$mem_mib State=UNKNOWN
+PartitionName=debug Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP
 EOF
     if cmp -s "$new" "$SLURM_CONF_FILE"; then
         rm -f "$new"
@@ -106,34 +122,41 @@ start_munge() {
 }
 
 start_slurm() {
-    mkdir -p "$SLURM_ROOT"/{state,spool,log,run}
+    mkdir -p "$SLURM_ROOT"/{state,log,run}
     alive "$SLURMCTLD_PID" || slurmctld -c -f "$SLURM_CONF_FILE"
-    alive "$SLURMD_PID" || slurmd -f "$SLURM_CONF_FILE"
+    for node in "${NODES[@]}"; do
+        mkdir -p "$SLURM_ROOT/spool/$node"
+        alive "$(slurmd_pid "$node")" || slurmd -f "$SLURM_CONF_FILE" -N "$node"
+    done
 }
 
-wait_for_node() {
-    local host state
-    host="$(hostname -s)"
+ready() {  # ready NODE: the node can take jobs
+    case "$(sinfo -h -N -n "$1" -o %t 2>/dev/null || true)" in
+    idle | mix | alloc) return 0 ;;
+    *) return 1 ;;
+    esac
+}
+
+wait_for_nodes() {
     for _ in $(seq 60); do
-        state="$(sinfo -h -n "$host" -o %t 2>/dev/null || true)"
-        case "$state" in
-        idle | mix | alloc)
-            echo "slurm is up: node $host is $state in partition debug"
+        if ready "${NODES[0]}" && ready "${NODES[1]}"; then
+            echo "slurm is up: nodes ${NODES[*]} in partition debug"
+            sinfo -N
             return
-            ;;
-        esac
+        fi
         sleep 0.5
     done
-    echo "error: node $host did not become idle (sinfo says '${state:-nothing}'); see $SLURM_ROOT/log/" >&2
+    echo "error: nodes ${NODES[*]} did not become idle; see $SLURM_ROOT/log/ and sinfo -N:" >&2
+    sinfo -N >&2 || true
     exit 1
 }
 
 install_packages
-if write_config && { alive "$SLURMCTLD_PID" || alive "$SLURMD_PID"; }; then
+if write_config && running; then
     echo "slurm.conf changed: restarting slurmctld and slurmd"
     "$HERE/down.sh" --keep-config
 fi
 start_munge
 start_slurm
 install -m 755 "$HERE/sacct.sh" "$SACCT_SHIM"
-wait_for_node
+wait_for_nodes

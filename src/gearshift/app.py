@@ -64,18 +64,30 @@ def train(cfg: DictConfig) -> float:
         print(f"error: {failed}", file=sys.stderr)
         raise SystemExit(EXIT_TRAINING_FAILED) from None
     except TrainingStopped as stopped:
-        if stopped.checkpoint is not None:  # rank 0: the others' words would repeat it
-            log.warning("%s; saved %s", stopped, stopped.checkpoint)
+        if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for the job
+            line = stop_line(stopped, hydra_cfg)
+            _note_in_log_file(line, logging.WARNING)
+            print(line, file=sys.stderr)
         if stopped.handover is not None:
             stopped.handover(stopped.signum, None)  # submitit: requeue this SLURM job, then exit
-        if stopped.checkpoint is not None:
-            log.warning("to continue, run the same command in the same run folder (resume=auto)")
         raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
     return objective(summary)
 
 
+def stop_line(stopped: TrainingStopped, hydra_cfg: DictConfig) -> str:
+    """The one line a stopped run ends with: the signal, the step, the checkpoint, and the
+    command that resumes it (resume=auto in the same run folder)."""
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        again = f"run the same sweep with hydra.sweep.dir={hydra_cfg.sweep.dir}"
+    else:
+        again = f"run the same command with hydra.run.dir={hydra_cfg.run.dir}"
+    if stopped.checkpoint is None:
+        return f"{stopped}; no checkpoint saved"
+    return f"{stopped}; checkpoint {stopped.checkpoint}; to resume, {again}"
+
+
 def objective(summary: dict) -> float:
-    """What a sweep optimises: the best value of the task's monitor metric (best.pt's), in
+    """What a sweep optimises: the best value of the task's monitor metric (best/ checkpoint's), in
     the task's direction (`task_direction`); without validation data the final training
     loss, negated for a task whose mode is max so that the direction still holds."""
     best = summary.get("best") or {}
@@ -100,9 +112,9 @@ def default_config_dir() -> Path:
     return here if (here / "config.yaml").exists() else Path(__file__).resolve().parents[2] / "conf"
 
 
-def _note_in_log_file(message: str) -> None:
-    """`message` in train.log only: the console gets it once, as the error line."""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+def _note_in_log_file(message: str, level: int = logging.ERROR) -> None:
+    """`message` in train.log only: the console gets it once, as a plain line."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)

@@ -21,10 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from gearshift.batch_finder import BatchSizeChoice, resolve_batch_size
+from gearshift.config import ConfigError
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
+from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, to_device
 from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
 from gearshift.data.sources import build_datasets
+from gearshift.data.streams import stream_length, stream_position
 from gearshift.engine.ema import EMA, build_ema
 from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
@@ -38,10 +41,12 @@ from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
 from gearshift.observe.profiler import Profiler
 from gearshift.observe.reporter import Reporter, build_reporter
+from gearshift.observe.samples import Sampler, build_sampler
 from gearshift.parallel.distributed import Ranks, gather_sum_max, rank_zero_value, wrap_model
 from gearshift.state.best import BestTracker, build_tracker
 from gearshift.state.checkpointer import (
     Checkpointer,
+    Layout,
     ModelState,
     OptimizerState,
     RngState,
@@ -67,6 +72,7 @@ class Parts:
     precision: Precision
     memory_format: torch.memory_format
     task: Task
+    read: FieldReader  # a collated batch (a pair, a dict of fields) -> (inputs, targets)
     train_batches: Any  # iterables of (inputs, targets), with set_epoch(epoch, batch) and len()
     val_batches: Any | None
     transforms: DeviceTransforms
@@ -79,6 +85,7 @@ class Parts:
         """The batch on the device in the model's layout (tips 7 and 16: non_blocking,
         channels_last), normalised and augmented there."""
         non_blocking = self.gears["non_blocking"]  # a DictConfig lookup costs microseconds a batch
+        batch = self.read(batch)  # before the copy: fields the task does not read stay behind
         inputs, targets = to_device(batch, self.device, non_blocking, self.memory_format)
         return self.transforms(inputs, train), targets
 
@@ -112,6 +119,7 @@ class Run(Parts):
     forward: nn.Module  # the model as the loop calls it: compiled, wrapped for DDP/FSDP
     optimizer: torch.optim.Optimizer
     schedule: torch.optim.lr_scheduler.LRScheduler | None
+    max_steps: int | None  # the step budget (max_steps, max_tokens); None: epochs decide
     total_steps: int
     position: Position
     checkpointer: Checkpointer
@@ -123,6 +131,7 @@ class Run(Parts):
     profiler: Profiler
     memory_history: MemoryHistory
     reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
+    sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
 
     def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
         """The line an out-of-memory error at `step` ends the run with (the allocator's
@@ -155,9 +164,11 @@ def build_parts(
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     task = build_task(cfg.task)
     train_set, val_set = build_datasets(cfg.data, device)  # tips 1, 4, 6: where data lives
+    read = FieldReader(task, cfg.data.get("fields"))  # dict samples: which fields the task reads
+    read.check(train_set)  # a sample the task cannot read: one line, before any work
     resumed_size = saved.config.get("batch_size") if saved else None
     cfg, batch_choice = resolve_batch_size(  # tip 10: batch_size=auto fills the memory
-        cfg, task, device, precision.dtype, memory_format, len(train_set), resumed_size
+        cfg, task, device, precision.dtype, memory_format, stream_length(train_set), resumed_size
     )
     # From here on `cfg` is the run's config: its batch size is a number.
     train, val, data_gears = build_data(cfg, train_set, val_set, device, ranks, memory_format)
@@ -186,7 +197,7 @@ def build_parts(
     }
     ema = build_ema(cfg.ema, model)  # weight averaging (None: off)
     return Parts(
-        cfg, device, ranks, precision, memory_format, task, train, val, transforms, model, ema,
+        cfg, device, ranks, precision, memory_format, task, read, train, val, transforms, model, ema,
         batch_choice, gears,
     )  # fmt: skip
 
@@ -254,6 +265,29 @@ def build_data(
     return train, val, gears
 
 
+def step_budget(cfg: DictConfig, task: Task, world_size: int) -> int | None:
+    """The run's last optimizer step when a budget sets it, else None (epochs decide):
+    `max_steps`, or `max_tokens` over the tokens of one optimizer step (batch_size x ranks x
+    accum x the task's tokens per sample), rounded up; with both, whichever ends first."""
+    budgets = [cfg.max_steps] if cfg.max_steps else []
+    max_tokens = max_tokens_of(cfg)
+    if max_tokens is not None:
+        if task.tokens_per_sample is None:
+            raise ConfigError(
+                f"max_tokens={max_tokens} is not allowed; {type(task).__name__}'s samples "
+                "are not tokens (task=lm's are): use max_steps or epochs"
+            )
+        per_step = cfg.batch_size * world_size * cfg.accum * task.tokens_per_sample
+        budgets.append(math.ceil(max_tokens / per_step))
+    return min(budgets) if budgets else None
+
+
+def max_tokens_of(cfg: DictConfig) -> int | None:
+    """`max_tokens` as an integer (the command line may write it 5e6), or None."""
+    value = cfg.get("max_tokens")
+    return None if value is None else int(value)
+
+
 def build_run(
     cfg: DictConfig, run_dir: Path, ranks: Ranks, strategy: str, device: torch.device
 ) -> Run:
@@ -267,6 +301,8 @@ def build_run(
     saved = read_resume(cfg.resume, folder)  # read once per start
     parts = build_parts(cfg, ranks, strategy, device, saved)
     cfg, model = parts.cfg, parts.model
+    max_steps = step_budget(cfg, parts.task, ranks.world_size)  # a bad budget: before any work
+    sampler = build_sampler(cfg, getattr(parts.task, "sampling", None), model)  # a bad prompt too
     advice = advise(cfg, model, device, parts.precision.dtype)  # layer widths, batch, ...
     if ranks.is_zero:
         log_findings(advice)
@@ -280,20 +316,22 @@ def build_run(
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
     optimizer = build_optimizer(model, cfg.optimizer)
     batches_per_epoch = len(parts.train_batches)
-    total_steps = cfg.max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
+    total_steps = max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
     schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
-    best = build_tracker(parts.task, cfg.early_stop)  # best.pt, early stopping
+    best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
         log.warning("early_stop.patience: no validation data to judge by; it stays off")
     position = Position(global_batch=cfg.batch_size * ranks.world_size)
-    sharded = strategy == "fsdp"  # checkpoints gather the shards; resuming scatters them
+    position.stream = stream_position(parts.train_batches)  # iterable data: its own state
+    fsdp = strategy == "fsdp"  # each rank saves and loads its own shards (DCP)
     config = OmegaConf.to_container(cfg, resolve=True)
     amp = {"dtype": parts.gears["amp"], "reason": parts.gears["amp_reason"]}  # amp=on's, kept
-    checkpointer = Checkpointer(folder, ranks, config, {"amp": amp}, cfg.checkpoint, sharded)
+    layout = Layout(ranks.world_size, strategy, position.global_batch)
+    checkpointer = Checkpointer(folder, ranks, config, {"amp": amp}, cfg.checkpoint, layout)
     for name, part in {
         "position": position,
-        "model": ModelState(model, sharded),
-        "optimizer": OptimizerState(model, optimizer, sharded),
+        "model": ModelState(model, fsdp),
+        "optimizer": OptimizerState(model, optimizer, fsdp),
         "scaler": parts.precision.scaler,
         "schedule": schedule,
         "rng": RngState(),
@@ -331,7 +369,7 @@ def build_run(
     return Run(
         **vars(parts) | {"gears": gears},
         strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
-        total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
+        max_steps=max_steps, total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
         mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
-        memory_history=memory_history, reporter=reporter,
+        memory_history=memory_history, reporter=reporter, sampler=sampler,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """Validation of a checkpoint without training: `python -m gearshift.evaluate resume=PATH`.
 
-    python -m gearshift.evaluate resume=runs/my-run/checkpoints/best.pt
-    python -m gearshift.evaluate resume=runs/my-run/checkpoints/step_000001000.pt amp=bf16
+    python -m gearshift.evaluate resume=runs/my-run/checkpoints/best
+    python -m gearshift.evaluate resume=runs/my-run/checkpoints/step_000001000 amp=bf16
 
 The config is the checkpoint's own (the run's resolved config) with the overrides on top:
 a group override (`amp=bf16`, `model=mlp`) replaces that node, a key (`batch_size=256`)
@@ -52,7 +52,7 @@ def split_resume(overrides: list[str]) -> tuple[Path, list[str]]:
     if not paths or paths[-1] in ("", "null", "auto"):
         value = paths[-1] if paths else None
         raise ConfigError(f"resume={value!r} is not allowed; give the checkpoint: resume=PATH")
-    if not Path(paths[-1]).is_file():
+    if not Path(paths[-1]).exists():
         raise ConfigError(f"resume={paths[-1]!r} is not allowed; no such checkpoint file")
     return Path(paths[-1]), rest
 
@@ -109,7 +109,7 @@ def output_path(checkpoint: Path) -> Path:
 
 def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> dict[str, Any]:
     """Validate the checkpoint at `path` under its config and `overrides`; eval.json's dict."""
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, parts=("model", "ema"))
     cfg = evaluation_config(checkpoint["config"], overrides, config_dir)
     trained_for, now = checkpoint["config"]["task"]["_target_"], cfg.task._target_
     if trained_for != now:  # before the checks: another task's keys need not fit this data
@@ -148,7 +148,7 @@ def load_model(
 ) -> tuple[nn.Module, DictConfig]:
     """The checkpoint's model (its weight average unless `raw`), built from its config and
     `overrides` as training built it, on its device in eval mode; and that config."""
-    checkpoint = load_checkpoint(path)
+    checkpoint = load_checkpoint(path, parts=("model", "ema"))
     cfg = evaluation_config(checkpoint["config"], overrides, config_dir)
     cfg.model.checkpointing = False  # a gear of training; the model is used as it is
     check_config(cfg)

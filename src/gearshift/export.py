@@ -1,6 +1,6 @@
 """A checkpoint's model as files other tools load: `python -m gearshift.export resume=PATH out=DIR`.
 
-    python -m gearshift.export resume=runs/my-run/checkpoints/best.pt out=exported
+    python -m gearshift.export resume=runs/my-run/checkpoints/best out=exported
     python -m gearshift.export resume=... format=hf out=gpt2-mine   # model=gpt only
     python -m gearshift.export resume=... out=exported --raw          # not the weight average
 

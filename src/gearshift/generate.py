@@ -1,6 +1,6 @@
 """Samples from a GPT checkpoint: `python -m gearshift.generate resume=PATH prompt="..."`.
 
-    python -m gearshift.generate resume=runs/my-run/checkpoints/best.pt prompt="the cat"
+    python -m gearshift.generate resume=runs/my-run/checkpoints/best prompt="the cat"
     python -m gearshift.generate resume=... prompt="the" max_new_tokens=200 temperature=0.8 \\
         top_k=40 num_samples=3 seed=1
     python -m gearshift.generate resume=... prompt="the" temperature=0   # greedy
@@ -24,16 +24,13 @@ import argparse
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from gearshift.app import default_config_dir
 from gearshift.config import ConfigError
-from gearshift.config.token_files import read_meta
-from gearshift.data.text import tokenizer_from_meta
+from gearshift.data.text import codec_for
 from gearshift.evaluate import BAD_INPUT, bad_input, load_model, split_resume
 from gearshift.models.gpt import GPT
 from gearshift.models.sampling import generate
@@ -86,41 +83,6 @@ def split_options(overrides: list[str]) -> tuple[Options, list[str]]:
     return options, rest
 
 
-class IdCodec:
-    """Data without a vocabulary: prompts and samples are token ids separated by spaces."""
-
-    def __init__(self, vocab_size: int) -> None:
-        self.vocab_size = vocab_size
-
-    def encode(self, text: str) -> np.ndarray:
-        try:
-            ids = np.asarray([int(word) for word in text.split()], dtype=np.int64)
-        except ValueError:
-            ids = np.asarray([-1])
-        if (ids < 0).any() or (ids >= self.vocab_size).any():
-            raise ValueError(
-                f"this data has no vocabulary: give token ids below {self.vocab_size}, "
-                "separated by spaces"
-            )
-        return ids
-
-    def decode(self, ids: np.ndarray) -> str:
-        return " ".join(str(int(i)) for i in ids)
-
-
-def codec_for(cfg: DictConfig) -> Any:
-    """The vocabulary of the run's data: its token folder's meta file, or token ids."""
-    path = cfg.data.get("path") if "path" in cfg.data else None
-    if path is not None:
-        found = read_meta(Path(path).expanduser())
-        if found is not None:
-            try:
-                return tokenizer_from_meta(found[0])
-            except ValueError:
-                pass  # a meta file without a table: ids
-    return IdCodec(int(cfg.data.vocab_size))
-
-
 def load_gpt(
     path: Path, overrides: list[str], config_dir: Path, raw: bool
 ) -> tuple[GPT, DictConfig]:
@@ -139,7 +101,7 @@ def sample(
 ) -> list[str]:
     """`options.num_samples` continuations of the prompt, decoded (the prompt included)."""
     model, cfg = load_gpt(path, overrides, config_dir, raw)
-    codec = codec_for(cfg)
+    codec = codec_for(cfg.data)
     try:
         prompt = codec.encode(options.prompt)
     except ValueError as error:

@@ -1,11 +1,23 @@
 """`distributed.nproc_per_node=N`: start N ranks on this machine with torch's elastic
-launcher (what torchrun uses); each rank sets up logging like Hydra would and trains."""
+launcher (what torchrun uses); each rank sets up logging like Hydra would and trains.
+
+Stop signals (SIGTERM, SIGINT, SIGUSR1, ...) sent to this process, the launcher's parent,
+are passed on to the ranks by torch elastic (`LaunchConfig.signals_to_handle`); the ranks
+save a checkpoint and stop as under torchrun (state/preemption.py), rank 0 tells the parent
+which one, and the parent raises `TrainingStopped` for the task to report in one line and
+exit 128+signal (torch elastic itself would end in its SignalException traceback).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import logging
 import os
+import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +25,27 @@ from omegaconf import DictConfig
 
 from gearshift.data.loading import cpu_count
 from gearshift.parallel.distributed import ranks_from_environment
+from gearshift.state.checkpoint import latest_checkpoint
+from gearshift.state.preemption import TrainingStopped
 from gearshift.trainer import fit
+
+# Passed on to the ranks: torch elastic's own four, and the two that schedulers use to warn
+# of a stop (SLURM's --signal, submitit's USR2). The ranks save on TERM, INT, USR1, USR2.
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 
 
 def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[str, Any]:
     """Start `distributed.nproc_per_node` ranks here with torch's elastic launcher (what
-    torchrun uses) and return rank 0's summary."""
+    torchrun uses) and return rank 0's summary; raises TrainingStopped on a stop signal."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # A stopped rank first reaches the next log step, where the ranks agree to stop, then
+    # saves: give it as long as a collective may wait before the launcher kills it.
+    # (Older torch has neither field: it passes on TERM, INT, HUP, QUIT and waits 30 s.)
+    stopping = {"signals_to_handle": ",".join(FORWARDED_SIGNALS)}
+    stopping["shutdown_timeout"] = cfg.distributed.timeout_s
+    known = {field.name for field in dataclasses.fields(LaunchConfig)}
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -30,16 +55,33 @@ def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[s
         rdzv_endpoint="localhost:0",
         max_restarts=cfg.distributed.max_restarts,
         monitor_interval=0.5,
+        **{key: value for key, value in stopping.items() if key in known},
     )
     # Like torchrun: without a setting of the user's, ranks split the CPUs instead of each
     # starting a thread per core (which oversubscribes them, many times slower).
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // config.nproc_per_node)))
-    results = elastic_launch(config, run_rank)(cfg, str(run_dir), run_name)
+    with tempfile.TemporaryDirectory(prefix="gearshift-launch-") as scratch, _quiet_shutdown():
+        stop_note = Path(scratch) / "stopped.json"  # rank 0 writes it when it stops
+        try:
+            results = elastic_launch(config, run_rank)(cfg, str(run_dir), run_name, str(stop_note))
+        except SignalException as signalled:
+            raise stopped_ranks(signalled.sigval, stop_note, run_dir) from None
     return results[0]
 
 
-def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None) -> dict[str, Any]:
-    """One rank started by `launch_local`: log like Hydra would, then train."""
+def stopped_ranks(signum: int, stop_note: Path, run_dir: Path) -> TrainingStopped:
+    """How the ranks stopped on `signum`: rank 0's note (its step and checkpoint), or, when
+    no rank got to save (killed first, or not yet training), the newest checkpoint."""
+    if stop_note.exists():
+        note = json.loads(stop_note.read_text())
+        return TrainingStopped(signum, note["step"], Path(note["checkpoint"]))
+    return TrainingStopped(signum, None, latest_checkpoint(run_dir / "checkpoints"))
+
+
+def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None, stop_note: str) -> dict[str, Any]:
+    """One rank started by `launch_local`: log like Hydra would, then train. Stopped by a
+    signal, rank 0 writes its step and checkpoint to `stop_note` for the parent, which
+    reports it; every rank exits 128+signal."""
     ranks = ranks_from_environment()
     handlers: list[logging.Handler] = []
     if ranks.is_zero:
@@ -50,4 +92,44 @@ def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None) -> dict[str, A
         handlers = [RichHandler(show_path=False), file]
     level = logging.INFO if ranks.is_zero else logging.WARNING
     logging.basicConfig(level=level, format="%(message)s", handlers=handlers or None, force=True)
-    return fit(cfg, Path(run_dir), run_name).summary
+    try:
+        return fit(cfg, Path(run_dir), run_name).summary
+    except TrainingStopped as stopped:
+        if ranks.is_zero and stopped.checkpoint is not None:
+            note = {"step": stopped.step, "checkpoint": str(stopped.checkpoint)}
+            partial = Path(stop_note).with_suffix(".partial")
+            partial.write_text(json.dumps(note))
+            partial.replace(stop_note)  # whole or absent
+        raise SystemExit(128 + stopped.signum) from None
+
+
+class _ShutdownNotice(logging.Filter):
+    """Drops torch elastic's warnings that it got a signal and is closing the ranks: the
+    task says it in its own line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not (
+            record.levelno == logging.WARNING
+            and any(words in message for words in ("death signal", "via signal", "closing signal"))
+        )
+
+
+# torch elastic's agent and its process context, which log the shutdown
+_ELASTIC_LOGGERS = (
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.multiprocessing.api",
+)
+
+
+@contextlib.contextmanager
+def _quiet_shutdown() -> Iterator[None]:
+    """While inside: `_ShutdownNotice` on torch elastic's loggers."""
+    notice = _ShutdownNotice()
+    for name in _ELASTIC_LOGGERS:
+        logging.getLogger(name).addFilter(notice)
+    try:
+        yield
+    finally:
+        for name in _ELASTIC_LOGGERS:
+            logging.getLogger(name).removeFilter(notice)

@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from gearshift.build import build_run
+from gearshift.build import build_run, max_tokens_of
 from gearshift.config import DataError
 from gearshift.config.checks import locate
 from gearshift.engine.accumulation import Window
@@ -45,7 +45,7 @@ from gearshift.parallel.distributed import (
     ranks_from_environment,
     resolve_strategy,
 )
-from gearshift.state.preemption import StopRequest
+from gearshift.state.preemption import RANK_STOP_SIGNALS, STOP_SIGNALS, StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,9 @@ class Trainer:
         self.clip_grad_norm = cfg.optimizer.clip_grad_norm
         self.log_every, self.warmup_steps = cfg.log_every_n_steps, cfg.warmup_steps
         self.val_every, self.total_steps = cfg.val_every_n_steps, run.total_steps
-        self.max_steps = cfg.max_steps or math.inf  # wins over epochs
-        self.epochs = math.inf if cfg.max_steps else cfg.epochs
+        # a step budget (max_steps, or max_tokens in steps: build.py step_budget) wins over epochs
+        self.max_steps = run.max_steps or math.inf
+        self.epochs = math.inf if run.max_steps else cfg.epochs
         self.grad_norm: torch.Tensor | None = None  # the last one measured, on the device
         self.last_loss = float("nan")
         self.val: dict[str, float | None] = dict.fromkeys(self.task.metrics)
@@ -126,7 +127,7 @@ class Trainer:
             )
         self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
         try:
-            with self.progress, StopRequest() as self.stop:
+            with self.progress, StopRequest(self.stop_signals) as self.stop:
                 self.bar = self.progress.add_task(
                     "train", total=self.total_steps, completed=p.step, samples_per_sec=0.0, loss=math.nan
                 )  # fmt: skip
@@ -140,17 +141,23 @@ class Trainer:
                     if (self.val_every and p.step % self.val_every == 0) or self.finished:
                         self.validate()  # before saving: a checkpoint holds its outcome
                     if self.stop_agreed if self.ranks.world_size > 1 else self.stop:
-                        raise self.stop.stopped(p.step, self.save())
+                        saved = self.save()
+                        self.checkpointer.wait()  # checkpoint.async_save: written before we go
+                        raise self.stop.stopped(p.step, saved)
                     if self.checkpointer.due(p.step, last=self.finished):
                         self.save()
             if self.validated_step != p.step:  # a run resumed at its end
                 self.validate()
+            self.checkpointer.wait()  # the last background write, before the summary
             summary = self.summarize()
         except DataError as error:  # found mid-epoch: checkpoint, then one line naming it
-            raise error.after(self.save_at_last_step()) from None
+            saved = self.save_at_last_step()
+            self.checkpointer.wait()
+            raise error.after(saved) from None
         except torch.OutOfMemoryError as error:
             raise TrainingFailed(run.out_of_memory(error, p.step + 1)) from None
         finally:
+            self.checkpointer.close(quiet=summary is None)  # a write in flight still completes
             self.profiler.finish()  # a run cut short keeps the profiled steps it made
             run.memory_history.dump()
             run.memory_history.stop()
@@ -226,7 +233,7 @@ class Trainer:
         return self.run.evaluate(self.model if model is None else model)
 
     def validate(self) -> None:
-        """Validate the model (and its average), log it, and keep the best in best.pt."""
+        """Validate the model (and its average), log it, and keep the best in best/."""
         if self.val_batches is None:
             return
         self.validated_step = step = self.position.step
@@ -238,6 +245,7 @@ class Trainer:
             judged.update(self.evaluate(self.ema.model))
             metrics |= {f"val_ema/{key.removeprefix('val_')}": v for key, v in judged.items()}
         self.log(metrics)
+        self.log_samples(step)
         if self.best.update(judged[self.best.metric], step):
             self.checkpointer.save_best(self.position, check=self.check_finite)
         elif self.best.should_stop and self.ranks.is_zero:
@@ -248,6 +256,16 @@ class Trainer:
         if self.run.reporter.report(step, judged[self.best.metric]):  # a study's pruner
             self.pruned_at = step  # `finished`: the loop saves, then summarizes
         self.meter.resume()  # validation time is not training time
+
+    def log_samples(self, step: int) -> None:
+        """task.sample_every: text samples of the trained model at this validation (rank 0
+        draws and logs them; under FSDP every rank takes part in the forward passes)."""
+        sampler = self.run.sampler
+        if sampler is None or not sampler.due(step, last=self.finished):
+            return
+        if self.ranks.is_zero or self.run.strategy == "fsdp":
+            texts = sampler.draw(self.model, self.precision, step)
+            self.logger.log_text("samples", texts, step)  # other ranks hold a null logger
 
     def log(self, metrics: dict[str, float]) -> None:
         """Send metrics of the current step to the logger (rank 0's; others hold a null one)."""
@@ -298,7 +316,7 @@ class Trainer:
     # ------------------------------------------------------------------ state
 
     def save(self) -> Path | None:
-        """Checkpoint the run at its position; rank 0 writes (sharded: every rank gathers)."""
+        """Checkpoint the run at its position: every rank writes its shards (state/checkpointer.py)."""
         return self.checkpointer.save(self.position, check=self.check_finite)
 
     def check_finite(self) -> None:
@@ -319,6 +337,11 @@ class Trainer:
         )
 
     @property
+    def stop_signals(self) -> tuple[int, ...]:
+        """What stops the run with a checkpoint (state/preemption.py); Ctrl-C too for a rank."""
+        return RANK_STOP_SIGNALS if self.ranks.world_size > 1 else STOP_SIGNALS
+
+    @property
     def stop_reason(self) -> str:
         pruned, early = self.pruned_at is not None, self.best.should_stop
         return "pruned" if pruned else "early_stop" if early else "completed"
@@ -333,6 +356,7 @@ class Trainer:
         summary |= {
             **run.mfu.summary(summary["samples_per_sec_per_device"]),
             **token_summary(summary, self.task.tokens_per_sample),
+            "max_tokens": max_tokens_of(self.cfg),
             "batch_size_finder": run.batch_choice.as_dict() if run.batch_choice else None,
             "advice": [finding.as_dict() for finding in run.advice],
             "stop_reason": self.stop_reason,

@@ -61,6 +61,7 @@ SOURCES = {
     "gearshift.data.synthetic.synthetic_regression": "synthetic_regression",
     "gearshift.data.images.image_folder": "imagefolder",
     "gearshift.data.images.cifar10": "cifar10",
+    "gearshift.data.shards.shards": "shards",
 }
 # Sources with a check of their own, by _target_: data=synthetic_tokens's below, data=tokens's
 # in config/token_files.py (it reads the files).
@@ -111,6 +112,16 @@ def _check_int(cfg: DictConfig, key: str, minimum: int, optional: bool = False) 
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         extra = " (or null to turn it off)" if optional else ""
         _fail(key, value, f"expected an integer >= {minimum}{extra}")
+
+
+def _check_max_tokens(cfg: DictConfig) -> None:
+    """max_tokens: an integer >= 1, also written as a whole float (1e9), or null."""
+    value = cfg.get("max_tokens")
+    if value is None:
+        return
+    whole = isinstance(value, float) and value.is_integer()
+    if isinstance(value, bool) or not (isinstance(value, int) or whole) or value < 1:
+        _fail("max_tokens", value, "expected an integer >= 1, e.g. 5000000 or 5e6 (or null)")
 
 
 def _check_device(device: str) -> None:
@@ -174,7 +185,7 @@ def _check_data(cfg: DictConfig) -> None:
 
 
 def _check_disk_data(cfg: DictConfig, name: str) -> None:
-    """imagefolder and cifar10: the folder exists, and the values fit the source."""
+    """imagefolder, cifar10 and shards: the folder exists, and the values fit the source."""
     data = cfg.data
     if data.get("on_device"):
         _fail("data.on_device", True, f"only synthetic data is made on the device, not {name}")
@@ -185,6 +196,8 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
         _check_choice(cfg, "data.decode", DECODES)
         _check_gpu_decode(cfg)
         _check_decoding(data)
+    if name == "shards":
+        _check_decoder(data)
     _check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
@@ -215,13 +228,7 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
 
 def _check_decoding(data: DictConfig) -> None:
     """imagefolder: the decoder is one this machine has; a resized copy has somewhere to go."""
-    _check_choice(data, "decoder", DECODERS, "data.")
-    if data.decoder == "simplejpeg" and importlib.util.find_spec("simplejpeg") is None:
-        _fail(
-            "data.decoder",
-            data.decoder,
-            "simplejpeg is not installed; pip install 'gearshift[jpeg]' or choose auto",
-        )
+    _check_decoder(data)
     _check_choice(data, "stage_format", STAGE_FORMATS, "data.")
     if data.stage_format != "copy" and not data.stage_to:
         _fail(
@@ -231,6 +238,16 @@ def _check_decoding(data: DictConfig) -> None:
         )
     if not (isinstance(data.stage_quality, int) and 1 <= data.stage_quality <= 100):
         _fail("data.stage_quality", data.stage_quality, "expected an integer from 1 to 100")
+
+
+def _check_decoder(data: DictConfig) -> None:
+    _check_choice(data, "decoder", DECODERS, "data.")
+    if data.decoder == "simplejpeg" and importlib.util.find_spec("simplejpeg") is None:
+        _fail(
+            "data.decoder",
+            data.decoder,
+            "simplejpeg is not installed; pip install 'gearshift[jpeg]' or choose auto",
+        )
 
 
 def _check_gpu_decode(cfg: DictConfig) -> None:
@@ -294,8 +311,6 @@ def _check_optimizer(cfg: DictConfig) -> None:
         value = cfg.optimizer.get(key)
         if value is not None and not (0 < value < math.inf if key == "muon_lr" else 0 <= value < 1):  # fmt: skip
             _fail(f"optimizer.{key}", value, "expected a number > 0" if key == "muon_lr" else "expected 0 <= x < 1")  # fmt: skip
-    if optimizer.name == "muon" and cfg.distributed.strategy == "fsdp":
-        _fail("optimizer.name", "muon", "Muon is not wired for FSDP's sharded matrices here; use distributed=ddp or optimizer=adamw")  # fmt: skip
     if cfg.optimizer.fused and cfg.optimizer.foreach:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
@@ -446,7 +461,7 @@ def _check_init_from(cfg: DictConfig) -> None:
 
 
 def _check_resume(resume: str | None) -> None:
-    if resume not in (None, "auto") and not Path(resume).is_file():
+    if resume not in (None, "auto") and not Path(resume).exists():
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
 
 
@@ -477,6 +492,35 @@ def _check_synthetic_tokens(cfg: DictConfig) -> None:
 SOURCE_CHECKS["gearshift.data.tokens.synthetic_tokens"] = _check_synthetic_tokens
 
 
+def _check_hf(cfg: DictConfig) -> None:
+    """data=hf: the values data=imagefolder checks, and one place to read from."""
+    data = cfg.data
+    _check_int(cfg, "data.num_samples", 1, optional=True)
+    _check_int(cfg, "data.num_val_samples", 0, optional=True)
+    for key in ("data.image_size", "data.channels"):
+        _check_int(cfg, key, 1)
+    _check_int(cfg, "data.num_classes", 2)
+    if data.get("on_device"):
+        _fail("data.on_device", True, "only synthetic data is made on the device, not hf")
+    if data.channels not in (1, 3):
+        _fail("data.channels", data.channels, "hf takes 1 or 3")
+    _check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
+    _check_decoder(data)
+    _check_normalisation(data)
+    if (data.path is None) == (data.name is None):
+        _fail(
+            "data.path",
+            data.path,
+            "data=hf reads either data.path (a save_to_disk folder or data files) or "
+            "data.name (a dataset in the local cache): set one of them",
+        )
+    if data.path is not None and not Path(data.path).expanduser().exists():
+        _fail("data.path", data.path, "no such file or folder")
+
+
+SOURCE_CHECKS["gearshift.data.hf.hf"] = _check_hf
+
+
 def _check_model_takes_tokens(cfg: DictConfig) -> None:
     """Token data (its node has block_size and vocab_size) and a model that reads them (the
     GPT): its context holds a whole window and its embedding every token id; else the
@@ -505,9 +549,11 @@ def check_config(cfg: DictConfig) -> None:
     _check_batch_size(cfg)
     _check_int(cfg, "warmup_steps", 0)
     _check_int(cfg, "max_steps", 1, optional=True)
+    _check_max_tokens(cfg)
     _check_int(cfg, "val_every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.every_n_steps", 1, optional=True)
     _check_int(cfg, "checkpoint.keep", 1)
+    _check_int(cfg, "sweep.rounds", 1)  # sweep=ablation's rounds: range(0, 0) sweeps nothing
     _check_resume(cfg.resume)
     _check_init_from(cfg)
     _check_ema_and_early_stop(cfg)

@@ -139,6 +139,7 @@ class CheckpointConfig:
     every_n_steps: int | None = None  # None: only at the end (and on SIGTERM/SIGUSR1)
     at_end: bool = True
     keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
+    async_save: bool = False  # write in the background; the loop waits only for the copy
 
 
 @dataclass
@@ -171,6 +172,13 @@ class ProfileConfig:
     with_stack: bool = False
     profile_memory: bool = False
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
+
+
+@dataclass
+class SweepConfig:
+    """Settings of the sweep presets (conf/sweep/): `sweep=ablation` reads them."""
+
+    rounds: int = 5  # the ablation's rounds: each runs every configuration once (seed=round)
 
 
 @dataclass
@@ -222,6 +230,10 @@ class Config:
     accum: int = 1
     epochs: int = 2
     max_steps: int | None = None  # when set, wins over epochs
+    # a budget in tokens (task=lm): an integer >= 1 (1e9 too); in steps of batch_size x
+    # ranks x accum x block_size tokens, rounded up; wins over epochs (with max_steps: the
+    # one that ends first)
+    max_tokens: Any = None
     warmup_steps: int = 5  # optimizer steps left out of the throughput figures
     seed: int = 0
     device: str = "auto"  # DEVICES
@@ -234,6 +246,7 @@ class Config:
     on_nonfinite: str = "stop"  # ON_NONFINITE, for a NaN/inf loss: exit 1, or skip its update
     trainer: str = TRAINER  # or a subclass of yours: mypackage.MyTrainer
     trial: TrialConfig = field(default_factory=TrialConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

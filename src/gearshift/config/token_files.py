@@ -84,20 +84,34 @@ def read_meta(folder: Path) -> tuple[dict[str, Any], str] | None:
     return None
 
 
-def meta_vocab_size(path: str | None) -> int | None:
-    """The resolver behind `data.vocab_size` of data=tokens: the meta file's vocab_size, or
-    None (no folder, no meta file, an unreadable one: check_config then says which)."""
+def meta_value(path: str | None, key: str) -> object:
+    """`key` of the token folder's meta file, or None (no folder, no meta file, an
+    unreadable one: check_config then says which)."""
     if not path:
         return None
     try:
         found = read_meta(Path(path).expanduser())
     except ConfigError:
         return None
-    vocab = found[0].get("vocab_size") if found else None
+    return found[0].get(key) if found else None
+
+
+def meta_vocab_size(path: str | None) -> int | None:
+    """The resolver behind `data.vocab_size` of data=tokens: the meta file's vocab_size."""
+    vocab = meta_value(path, "vocab_size")
     return vocab if isinstance(vocab, int) and not isinstance(vocab, bool) else None
 
 
+def meta_bytes_per_token(path: str | None) -> float | None:
+    """The resolver behind `task.bytes_per_token` of task=lm: the UTF-8 bytes per token
+    scripts/prepare_text.py records, or None (the task then reports no bits per byte)."""
+    value = meta_value(path, "bytes_per_token")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if number and value > 0 else None
+
+
 OmegaConf.register_new_resolver("gearshift_token_vocab", meta_vocab_size)
+OmegaConf.register_new_resolver("gearshift_token_bytes", meta_bytes_per_token)
 
 
 @dataclass(frozen=True)

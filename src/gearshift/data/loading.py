@@ -18,11 +18,12 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 from torch.utils._pytree import tree_map
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from gearshift.config import ConfigError
 from gearshift.config.schema import DataLoaderConfig
 from gearshift.data.gpu_decode import DeviceDecodedBatches, decoded_on_device
+from gearshift.data.streams import build_stream_batches, check_length, worker_seed
 from gearshift.data.synthetic import TensorPairs
 
 Batch = tuple[Any, Any]  # (inputs, targets)
@@ -150,11 +151,6 @@ class EpochSampler(Sampler[int]):
         return iter(order.tolist())
 
 
-def worker_seed(seed: int, rank: int, epoch: int) -> int:
-    """The seed of the generator a DataLoader draws its workers' base seed from."""
-    return ((seed * 1_000_003 + rank) * 1_000_003 + epoch) % 2**63  # manual_seed's range
-
-
 class LoaderBatches:
     """A DataLoader over an EpochSampler, with DeviceBatches' set_epoch/len interface.
 
@@ -258,6 +254,17 @@ def build_loader(
             "persistent_workers": dl.persistent_workers,
             "prefetch_factor": dl.prefetch_factor,
         }
+    if isinstance(dataset, IterableDataset):  # a stream: data/streams.py deals it out
+        options = {
+            "num_workers": workers,
+            "pin_memory": settings.pin_memory,
+            "collate_fn": getattr(dataset, "collate", None),
+            **worker_options,
+        }
+        drop_last = dl.drop_last
+        return build_stream_batches(
+            dataset, options, cfg.batch_size, train, seed, rank, world_size, drop_last
+        )
     loader = DataLoader(
         dataset,
         batch_size=cfg.batch_size,
@@ -301,6 +308,8 @@ def build_batches(
         if val_set is not None:
             val = DeviceBatches(*_tensors(val_set), cfg.batch_size, False, False, cfg.seed, **shard)
     else:
+        if isinstance(train_set, IterableDataset):
+            check_length(train_set, cfg.max_steps)  # unknown length: max_steps ends the run
         train = build_loader(train_set, cfg, device, True, cfg.seed, **shard, settings=settings)
         val = None
         if val_set is not None:
@@ -326,7 +335,8 @@ def to_device(
     batch: Batch, device: torch.device, non_blocking: bool, memory_format: torch.memory_format
 ) -> Batch:
     """Tips 7 and 16: one copy to the device, asynchronous when asked; images (4-D) in the
-    model's layout. Inputs and targets may be tensors or containers of them."""
+    model's layout. A batch may be a pair, a dict of fields or any nesting of tuples, lists
+    and dicts of tensors (other leaves, e.g. a batch's strings, stay as they are)."""
 
     def move(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
@@ -335,8 +345,7 @@ def to_device(
             return x.to(device, non_blocking=non_blocking, memory_format=memory_format)
         return x.to(device, non_blocking=non_blocking)
 
-    inputs, targets = batch
-    return _map(move, inputs), _map(move, targets)
+    return _map(move, batch)
 
 
 def _map(fn, x: Any) -> Any:

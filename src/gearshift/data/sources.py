@@ -1,17 +1,19 @@
-"""The data seam: any source that builds map-style datasets, chosen by the data node's
-`_target_`.
+"""The data seam: any source that builds datasets (map-style, or streams:
+data/streams.py), chosen by the data node's `_target_`.
 
 A source is a callable that takes the data node's other keys as keyword arguments and
 returns `(train dataset, validation dataset or None)` (a lone dataset means no
 validation). The built-in ones (`data=synthetic`, `imagefolder`, `cifar10`,
 `synthetic_regression`) are ordinary sources; yours plugs in with
-`data._target_=mypackage.my_source`. Two keys belong to the trainer, not the source:
+`data._target_=mypackage.my_source`. Three keys belong to the trainer, not the source:
 
 - `data.on_device`: the source gets `device=` and makes its tensors there (docs/gears.md tip 4);
   it must take a `device` argument and return `TensorPairs`.
 - `data.stage_to`: copy the dataset to fast local disk first (tip 1). A source that takes
   `stage_to` stages what it reads itself; for any other, the folder `data.path` is staged
   and the source gets the staged copy's path.
+- `data.fields`: `{inputs: NAME, targets: NAME}`, the fields of dict samples the task
+  reads (data/fields.py); without it, the task's own field names.
 """
 
 from __future__ import annotations
@@ -22,20 +24,21 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from gearshift.config import ConfigError
 from gearshift.config.checks import locate
 from gearshift.config.instantiate import accepts, instantiate
 from gearshift.data.staging import stage
+from gearshift.data.streams import stream_length
 
-TRAINER_KEYS = ("on_device", "stage_to")
+TRAINER_KEYS = ("on_device", "stage_to", "fields")
 
 
 def build_datasets(data: DictConfig, device: torch.device) -> tuple[Dataset, Dataset | None]:
     """(train, validation or None) from the data node, on `device` when `data.on_device`."""
     node: dict[str, Any] = OmegaConf.to_container(data, resolve=True)
-    on_device, stage_to = (node.pop(key, None) for key in TRAINER_KEYS)
+    on_device, stage_to, _fields = (node.pop(key, None) for key in TRAINER_KEYS)  # fields: build.py
     source = locate("data._target_", node.get("_target_"))
     extra: dict[str, Any] = {}
     if on_device:
@@ -50,12 +53,14 @@ def build_datasets(data: DictConfig, device: torch.device) -> tuple[Dataset, Dat
     built = instantiate("data", node, **extra)
     train, val = built if isinstance(built, tuple) else (built, None)
     for dataset in (train, val):
-        if dataset is not None and not hasattr(dataset, "__getitem__"):
+        streamed = isinstance(dataset, IterableDataset)
+        if dataset is not None and not streamed and not hasattr(dataset, "__getitem__"):
             raise ConfigError(
                 f"data._target_={node['_target_']!r} is not allowed; it returned "
-                f"{type(dataset).__name__}, expected map-style datasets (train, val or None)"
+                f"{type(dataset).__name__}, expected datasets, map-style or IterableDataset "
+                "(train, val or None)"
             )
-    return train, (val if val is not None and len(val) else None)
+    return train, (None if val is None or stream_length(val) == 0 else val)
 
 
 def _staging(source: Any, node: Mapping[str, Any], stage_to: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from gearshift.config import ConfigError
-from gearshift.config.token_files import dtype_for
+from gearshift.config.token_files import dtype_for, read_meta
 
 
 class CharTokenizer:
@@ -92,6 +92,42 @@ def tokenizer_from_meta(meta: dict[str, Any]) -> CharTokenizer | Gpt2Tokenizer:
     if "itos" in meta:  # nanoGPT's character table: {id: char}
         return CharTokenizer("".join(meta["itos"][i] for i in range(len(meta["itos"]))))
     raise ValueError(f"the meta file names no tokenizer this can decode: {sorted(meta)}")
+
+
+class IdCodec:
+    """Data without a vocabulary: prompts and samples are token ids separated by spaces."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> np.ndarray:
+        try:
+            ids = np.asarray([int(word) for word in text.split()], dtype=np.int64)
+        except ValueError:
+            ids = np.asarray([-1])
+        if (ids < 0).any() or (ids >= self.vocab_size).any():
+            raise ValueError(
+                f"this data has no vocabulary: give token ids below {self.vocab_size}, "
+                "separated by spaces"
+            )
+        return ids
+
+    def decode(self, ids: np.ndarray) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
+def codec_for(data: Any) -> CharTokenizer | Gpt2Tokenizer | IdCodec:
+    """The vocabulary of a run's data (its `data` node): the token folder's meta file, or
+    token ids (data=synthetic_tokens, a folder whose meta file has no table)."""
+    path = data.get("path") if "path" in data else None
+    if path is not None:
+        found = read_meta(Path(path).expanduser())
+        if found is not None:
+            try:
+                return tokenizer_from_meta(found[0])
+            except ValueError:
+                pass  # a meta file without a table: ids
+    return IdCodec(int(data.vocab_size))
 
 
 def write_token_folder(

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 class EMA:
     """The average of `model`'s weights; `update(step)` after each optimizer step."""
 
+    sharded = True  # checkpoints save it as the model, tensors by name (state/checkpointer.py)
+
     def __init__(self, model: nn.Module, decay: float, every_n_steps: int, start_step: int) -> None:
         self.decay, self.every_n_steps, self.start_step = decay, every_n_steps, start_step
         self.model = copy.deepcopy(model).eval()  # starts from the weights as they are now

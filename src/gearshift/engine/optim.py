@@ -88,10 +88,15 @@ def build_schedule(
 class MuonWithAdamW(torch.optim.Optimizer):
     """optimizer=muon: torch's Muon on the hidden 2-D weights, AdamW on the rest, stepped
     together as one optimizer (the schedule, the GradScaler, zero_grad and checkpoints see
-    one object; `param_groups` is both optimizers' groups, the same dicts)."""
+    one object; `param_groups` is both optimizers' groups, the same dicts).
+
+    Under FSDP the matrices are DTensors sharded by rows; torch's Muon takes them as they
+    are: its Newton-Schulz iteration runs on DTensors, whose matmuls and norm gather what
+    they need, so every rank applies the update of the whole matrix to its shard."""
 
     def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
         self.muon, self.adamw = muon, adamw
+        self.parts = (muon, adamw)  # what FSDP's optimizer state dicts take (state/checkpointer.py)
         # the base class's bookkeeping (hooks, defaults) without re-adding the groups
         super().__init__([{"params": [torch.zeros(1)]}], {})
         self.param_groups = [*muon.param_groups, *adamw.param_groups]

@@ -59,6 +59,9 @@ class NullLogger:
     def log_file(self, path: Path, name: str, kind: str) -> None:
         """A file worth keeping with the run (the profiler's trace); W&B uploads it online."""
 
+    def log_text(self, key: str, texts: list[str], step: int) -> None:
+        """Texts of one step (task=lm's samples), each backend in its own form."""
+
 
 class Backend(NullLogger):
     """One backend. Its first failure, at start or later, is one warning and turns it off
@@ -128,6 +131,12 @@ class WandbLogger(Backend):
 
         self._guarded("table", send)
 
+    def log_text(self, key: str, texts: list[str], step: int) -> None:
+        # one row per text; the step is a column too, so the tables of several steps compare
+        self.log_table(
+            key, ["step", "index", "text"], [[step, i, t] for i, t in enumerate(texts)], step
+        )
+
     def log_file(self, path: Path, name: str, kind: str) -> None:
         if self.mode != "online":  # offline, the file is in the run folder already
             return
@@ -171,6 +180,15 @@ class TensorBoardLogger(Backend):
 
         self._guarded("log", write)
 
+    def log_text(self, key: str, texts: list[str], step: int) -> None:
+        def write() -> None:
+            # TensorBoard renders markdown: each text as a code block keeps its line breaks
+            blocks = [f"**{i}**\n\n```\n{text}\n```" for i, text in enumerate(texts)]
+            self.writer.add_text(key, "\n\n".join(blocks), step)
+            self.writer.flush()
+
+        self._guarded("text", write)
+
     def close(self, summary: dict[str, Any] | None) -> None:
         self.writer.close()
 
@@ -207,6 +225,13 @@ class CsvLogger(Backend):
 
         self._guarded("log", write)
 
+    def log_text(self, key: str, texts: list[str], step: int) -> None:
+        def write() -> None:  # `key/i` rows whose value is the text (csv quotes line breaks)
+            self.writer.writerows((step, f"{key}/{i}", text) for i, text in enumerate(texts))
+            self.file.flush()
+
+        self._guarded("text", write)
+
     def close(self, summary: dict[str, Any] | None) -> None:
         self.file.close()
 
@@ -237,6 +262,10 @@ class Loggers(NullLogger):
     def log_file(self, path: Path, name: str, kind: str) -> None:
         for backend in self.backends:
             backend.log_file(path, name, kind)
+
+    def log_text(self, key: str, texts: list[str], step: int) -> None:
+        for backend in self.backends:
+            backend.log_text(key, texts, step)
 
     def finish(self, summary: dict[str, Any] | None = None) -> None:
         for backend in self.backends:

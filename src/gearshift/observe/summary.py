@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,19 @@ def make_summary(
         "world_size": world_size,
         "device": str(device),
         "gears": gears,
+        "environment": run_environment(),
         **val,
+    }
+
+
+def run_environment() -> dict[str, Any]:
+    """What this process was given to run on: the CPU cores it may use (a launcher's slot,
+    a job's or a container's share), torch's threads, and the GPUs it was shown."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cpu_cores": cores,
+        "torch_threads": torch.get_num_threads(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
 
 

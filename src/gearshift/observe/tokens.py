@@ -16,10 +16,12 @@ def token_metrics(samples_per_sec: float, tokens_per_sample: int | None) -> dict
 
 
 def token_summary(summary: dict[str, Any], tokens_per_sample: int | None) -> dict[str, float]:
-    """summary.json's `tokens_per_sec` and `tokens_per_sec_per_device`, or nothing."""
+    """summary.json's `tokens` (trained, all ranks), `tokens_per_sec` and
+    `tokens_per_sec_per_device`, or nothing."""
     if tokens_per_sample is None:
         return {}
     return {
+        "tokens": summary["samples"] * tokens_per_sample,
         "tokens_per_sec": summary["samples_per_sec"] * tokens_per_sample,
         "tokens_per_sec_per_device": summary["samples_per_sec_per_device"] * tokens_per_sample,
     }

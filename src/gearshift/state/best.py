@@ -1,4 +1,4 @@
-"""The best validation so far (`checkpoints/best.pt`) and early stopping (`early_stop.*`).
+"""The best validation so far (`checkpoints/best`) and early stopping (`early_stop.*`).
 
 "Better" is the task's `monitor` metric in its `mode` (tasks/base.py): lower for `min`,
 higher for `max`, by more than `min_delta`. Early stopping ends a run after `patience`

@@ -1,17 +1,25 @@
-"""Checkpoint files that survive crashes (what they hold: state/checkpointer.py).
+"""Checkpoint folders that survive crashes (what they hold: state/checkpointer.py).
 
-A checkpoint is written to a temporary file, flushed to disk and renamed over its final
-name, so a crash mid-save leaves the previous checkpoints untouched and never a torn
-file under a real name. Everything in it loads with `torch.load(weights_only=True)`:
-tensors, numbers, strings and containers of them.
+A checkpoint is a folder, `step_000000123/`, written by torch.distributed.checkpoint (DCP):
+every rank writes its own shards (`__<rank>_0.distcp`) and rank 0 writes `.metadata` last,
+once every rank's files are complete. The ranks write into a temporary folder
+(`.step_000000123.tmp`) that rank 0 renames into place after the metadata, so a folder under
+a real name is always complete: a crash mid-save leaves the previous checkpoints untouched
+and `resume=auto` never picks a torn one. Temporary folders left by a crashed save are never
+read; the next save removes them. `best/` is the best validation so far, written the same way.
+
+Older checkpoints are single files (`step_000000123.pt`, `best.pt`: one `torch.save` by
+rank 0); they still load for resuming, evaluate, export and generate.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +27,17 @@ import torch
 
 log = logging.getLogger(__name__)
 
-NAME = re.compile(r"^step_(\d+)\.pt$")
-BEST = "best.pt"  # the best validation so far (state/best.py); resume=auto never picks it
+# One process is a layout like any other here: DCP's note that it assumes one is no news.
+warnings.filterwarnings(
+    "ignore",
+    "torch.distributed is (disabled, )?unavailable or uninitialized, assuming",
+    UserWarning,
+)
+
+NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a folder (DCP) or an older single file
+BEST = "best"  # the best validation so far (state/best.py); resume=auto never picks it
+METADATA = ".metadata"  # DCP's index of every shard, written last
+EXTRA = "extra"  # the key of the job's non-tensor parts in a checkpoint (rank 0 writes it)
 
 
 class CheckpointError(ValueError):
@@ -40,76 +57,177 @@ def find_resume(resume: str | None, folder: Path) -> Path | None:
 
 
 def checkpoint_path(folder: Path, step: int) -> Path:
-    return folder / f"step_{step:09d}.pt"
+    return folder / f"step_{step:09d}"
+
+
+def temporary(path: Path) -> Path:
+    """Where the ranks write `path` before it is complete."""
+    return path.with_name(f".{path.name}.tmp")
+
+
+def is_complete(path: Path) -> bool:
+    """A checkpoint folder with its metadata, or an older single-file checkpoint."""
+    return (path / METADATA).is_file() if path.is_dir() else path.is_file()
+
+
+def step_checkpoints(folder: Path) -> list[tuple[int, bool, Path]]:
+    """(step, is a folder, path) of each complete step checkpoint in `folder`."""
+    found = []
+    for path in folder.glob("step_*"):
+        if (match := NAME.match(path.name)) and is_complete(path):
+            found.append((int(match[1]), path.is_dir(), path))
+    return sorted(found)
 
 
 def latest_checkpoint(folder: Path) -> Path | None:
-    """The complete checkpoint with the highest step in `folder` (temporary files ignored)."""
-    found = [(int(m[1]), p) for p in folder.glob("step_*.pt") if (m := NAME.match(p.name))]
-    return max(found)[1] if found else None
+    """The complete checkpoint with the highest step in `folder` (temporary folders ignored;
+    at one step a folder wins over an older single file)."""
+    found = step_checkpoints(folder)
+    return found[-1][2] if found else None
 
 
-def write_atomically(state: dict[str, Any], path: Path) -> Path:
-    """torch.save into a temporary file, flushed to disk, then renamed over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as file:
-        torch.save(state, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
+def clean_temporaries(folder: Path) -> None:
+    """Remove what crashed saves left (call before this save writes anything)."""
+    for stale in folder.glob(".*.tmp"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
+def publish(tmp: Path, path: Path) -> Path:
+    """Rename the complete folder `tmp` into place (over an older `path`: best/, or a step
+    written again after a resume from an earlier one)."""
+    if path.exists():
+        old = path.with_name(f".{path.name}.old.tmp")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    _sync_folder(path.parent)
     return path
 
 
-def save_checkpoint(state: dict[str, Any], folder: Path, step: int, keep: int) -> Path:
-    """Write atomically, then drop all but the newest `keep` step checkpoints (best.pt is no
-    step checkpoint: rotation never touches it)."""
-    return _rotate(write_atomically(state, checkpoint_path(folder, step)), keep)
-
-
-def best_as_checkpoint(folder: Path, step: int, keep: int) -> Path:
-    """best.pt, written at this very position, as step `step`'s checkpoint too: a hard link
-    to the same file (a copy where the file system has none), then the rotation. A later
-    best.pt replaces its own name only, and the rotation unlinks the step's name only."""
-    path = checkpoint_path(folder, step)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
+def _sync_folder(folder: Path) -> None:
+    """The rename itself on disk (a directory's entries are flushed through its own fd)."""
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.link(folder / BEST, tmp)
-    except OSError:
-        shutil.copyfile(folder / BEST, tmp)
-        with open(tmp, "rb") as file:
-            os.fsync(file.fileno())
-    os.replace(tmp, path)
-    return _rotate(path, keep)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
-def _rotate(path: Path, keep: int) -> Path:
-    """After writing `path`, a step checkpoint: keep the newest `keep` of them."""
-    folder = path.parent
-    steps = sorted(int(m[1]) for p in folder.glob("step_*.pt") if (m := NAME.match(p.name)))
-    for old in steps[:-keep]:
-        checkpoint_path(folder, old).unlink(missing_ok=True)
-    for stale in folder.glob(".step_*.pt.tmp"):  # left by a save that crashed (ours is renamed)
-        stale.unlink(missing_ok=True)
-    log.info("checkpoint: %s", path)
-    return path
+def link_checkpoint(source: Path, path: Path) -> Path:
+    """The complete checkpoint `source` (best/, written at this very position) as `path` too:
+    hard links to the same files (copies where the file system has none), renamed into
+    place. A later best/ replaces its own folder only, and rotation removes `path` only."""
+    tmp = temporary(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for file in source.iterdir():
+        try:
+            os.link(file, tmp / file.name)
+        except OSError:
+            shutil.copyfile(file, tmp / file.name)
+    return publish(tmp, path)
 
 
-def save_best(state: dict[str, Any], folder: Path) -> Path:
-    """Write the best state so far over `folder/best.pt`, atomically."""
-    path = write_atomically(state, folder / BEST)
-    log.info("best checkpoint: %s (step %d)", path, state["position"]["step"])
-    return path
+def rotate(folder: Path, keep: int) -> None:
+    """Keep the newest `keep` step checkpoints (best/ is none: rotation never touches it)."""
+    for _, is_folder, path in step_checkpoints(folder)[:-keep]:
+        shutil.rmtree(path) if is_folder else path.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def describe_failure(error: BaseException) -> str:
+    """One line for what failed in a DCP save or load (its CheckpointException carries
+    each failed rank's own exception)."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, (cause, _) = sorted(failures.items(), key=lambda item: item[0])[0]
+        lines = str(cause).strip().splitlines() or [""]
+        return f"rank {rank}: {type(cause).__name__}: {lines[0]}"
+    lines = str(error).strip().splitlines() or [""]
+    return f"{type(error).__name__}: {lines[0]}"
+
+
+def to_bytes(state: Any) -> bytes:
+    """A non-tensor part as one opaque object in a DCP checkpoint (torch.save format)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes) -> Any:
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def read_metadata(path: Path):
+    """DCP's metadata of the checkpoint folder `path`, its shard files checked: one line
+    for a folder that is no checkpoint or lacks a shard (a torn copy, a deleted file)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    where = f"resume={str(path)!r}"
+    if not (path / METADATA).is_file():
+        raise CheckpointError(f"{where}: not a checkpoint folder (no {METADATA}: incomplete or never written)")  # fmt: skip
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as error:
+        raise CheckpointError(f"{where}: unreadable {METADATA} ({error})") from None
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        end = info.offset + info.length
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{where}: shard file {name} is missing; the checkpoint is incomplete")  # fmt: skip
+        if file.stat().st_size < size:
+            raise CheckpointError(f"{where}: shard file {name} is cut short ({file.stat().st_size} of {size} bytes)")  # fmt: skip
+    return metadata
+
+
+def read_extra(path: Path) -> dict[str, Any]:
+    """The job's non-tensor parts of a checkpoint folder (config, decisions, position, ...),
+    read in this process alone."""
+    import torch.distributed.checkpoint as dcp
+
+    read_metadata(path)
+    holder: dict[str, Any] = {EXTRA: b""}
+    try:
+        dcp.load(holder, checkpoint_id=str(path), no_dist=True)
+        return from_bytes(holder[EXTRA])
     except Exception as error:
         raise CheckpointError(
             f"resume={str(path)!r}: not a readable checkpoint ({error})"
         ) from None
+
+
+def load_checkpoint(path: Path, parts: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A whole checkpoint in this process, consolidated: plain tensors under the parts'
+    names (model, optimizer keyed by parameter name, ema) beside the non-tensor parts; an
+    older single file as it was saved. `parts`: only these sharded parts are read (a
+    folder; evaluate and export need no optimizer state)."""
+    if not path.is_dir():
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise CheckpointError(f"resume={str(path)!r}: not a readable checkpoint ({error})") from None  # fmt: skip
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    metadata = read_metadata(path)
+    tops = {key.split(".")[0] for key in metadata.state_dict_metadata}
+    tensors = {t for t in tops if t != EXTRA and not t.startswith("rng_")}
+    if parts is not None:
+        tensors &= set(parts)
+    try:
+        state = _load_state_dict_from_keys(tensors, checkpoint_id=str(path)) if tensors else {}
+    except Exception as error:
+        raise CheckpointError(
+            f"resume={str(path)!r}: not a readable checkpoint ({error})"
+        ) from None
+    return read_extra(path) | state
 
 
 # Where a node keeps its copy of the data: it may differ between nodes and restarts, and

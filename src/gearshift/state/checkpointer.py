@@ -1,14 +1,28 @@
 """The Checkpointer: the one place that defines what a checkpoint holds.
 
-A checkpoint is the `state_dict()` of every part registered with the Checkpointer, each
-under its own name (model, optimizer, scaler, schedule, rng, best, ema, position), beside
-the run's config and the decisions a resumed run must repeat (what `amp=on` resolved to).
-Resuming is the reverse: the file is read once per start (`read`), the build takes the
-decisions it needs from it, and `restore` hands each registered part its own state.
+A checkpoint is the state of every part registered with the Checkpointer, each under its
+own name, beside the run's config, the decisions a resumed run must repeat (what `amp=on`
+resolved to) and the job's layout (world size, strategy, global batch). It is written with
+torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint.py), in one
+format for every strategy, a single process included:
 
-Under FSDP every rank takes part in a save (the model's and the optimizer's shards are
-gathered onto rank 0's CPU) and every rank loads the full state and keeps its shard.
-Files are written by rank 0, atomically (state/checkpoint.py).
+- sharded parts (model, optimizer, ema): every rank writes its own shards (FSDP: the
+  DTensor shards it holds; DDP and one process: plain tensors, each written once), keyed
+  by parameter name (torch.distributed.checkpoint.state_dict), so they load resharded at
+  any world size and strategy;
+- rank parts (rng): one object per rank (`rng_<rank>`);
+- job parts (position, scaler, schedule, best, config): rank 0's, one opaque object.
+
+Resuming is the reverse: the job's parts are read once per start (`read_resume`), the build
+takes the decisions it needs from them, and `restore` loads the shards into this run's
+layout and hands each registered part its own state. The RNG streams come back exactly
+when the world size is the same; on another world size each rank is reseeded from
+(seed, rank, step), since a rank's stream has no counterpart there.
+
+`checkpoint.async_save=true`: DCP's asynchronous save. The loop waits while the state is
+copied to host memory; the write goes on in a background thread; the next save, the end
+of the run and a stop wait for it (`wait`), and a write that failed ends the run there
+with one line. The folder is renamed into place only after its write completed.
 """
 
 from __future__ import annotations
@@ -16,6 +30,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,17 +40,28 @@ import torch
 from torch import nn
 
 from gearshift.config.schema import CheckpointConfig
+from gearshift.engine.failures import TrainingFailed
+from gearshift.engine.runtime import seed_everything
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint import (
     BEST,
+    EXTRA,
     CheckpointError,
-    best_as_checkpoint,
     changed_settings,
+    checkpoint_path,
+    clean_temporaries,
+    describe_failure,
     find_resume,
+    from_bytes,
     latest_checkpoint,
+    link_checkpoint,
     load_checkpoint,
-    save_best,
-    save_checkpoint,
+    publish,
+    read_extra,
+    read_metadata,
+    rotate,
+    temporary,
+    to_bytes,
 )
 from gearshift.state.position import Position
 
@@ -50,7 +76,8 @@ class Stateful(Protocol):
 
 @dataclass
 class Saved:
-    """A checkpoint read at the start of a run: its path and its contents."""
+    """A checkpoint read at the start of a run: its path and its job parts (an older
+    single-file checkpoint: everything in it)."""
 
     path: Path
     state: dict[str, Any]
@@ -59,89 +86,134 @@ class Saved:
     def config(self) -> dict[str, Any]:
         return self.state.get("config", {})
 
+    @property
+    def sharded(self) -> bool:
+        """A DCP folder, whose tensors are read by `Checkpointer.restore`."""
+        return self.path.is_dir()
+
     def decision(self, name: str) -> Any:
         """A decision the saved run made (None for checkpoints written before it was kept)."""
         return self.state.get("decisions", {}).get(name)
 
 
+def read_state(path: Path) -> dict[str, Any]:
+    """What a start reads of the checkpoint at `path`: a folder's job parts, or a file."""
+    return read_extra(path) if path.is_dir() else load_checkpoint(path)
+
+
 def read_resume(resume: str | None, folder: Path) -> Saved | None:
     """The checkpoint `resume` names (auto: the newest in `folder`), read once; or None."""
     path = find_resume(resume, folder)
-    return None if path is None else Saved(path, load_checkpoint(path))
+    return None if path is None else Saved(path, read_state(path))
 
 
 class ModelMismatch(CheckpointError):
     """The saved weights are another model's."""
 
 
-class ModelState:
-    """A model's weights, as one process holds them (FSDP: gathered from every rank)."""
+def mismatch(ours: dict[str, torch.Size], theirs: dict[str, torch.Size]) -> str | None:
+    """What differs between two sets of tensor shapes by name, naming the first ones; None
+    when they fit."""
+    missing = sorted(ours.keys() - theirs.keys())
+    unexpected = sorted(theirs.keys() - ours.keys())
+    reshaped = sorted(k for k in ours.keys() & theirs.keys() if tuple(ours[k]) != tuple(theirs[k]))  # fmt: skip
+    if not (missing or unexpected or reshaped):
+        return None
+    first = lambda names: ", ".join(repr(n) for n in names[:2])  # noqa: E731
+    parts = [
+        f"{len(missing)} missing" + (f" ({first(missing)})" if missing else ""),
+        f"{len(unexpected)} unexpected" + (f" ({first(unexpected)})" if unexpected else ""),
+        f"{len(reshaped)} reshaped",
+    ]
+    if reshaped:
+        name = reshaped[0]
+        parts[2] += f" ({first(reshaped)}: {list(theirs[name])}, model {list(ours[name])})"
+    return ", ".join(parts) + " tensors"
 
-    def __init__(self, model: nn.Module, sharded: bool = False) -> None:
-        self.model, self.sharded = model, sharded
+
+def shapes(state: dict[str, Any]) -> dict[str, torch.Size]:
+    return {k: v.shape for k, v in state.items() if isinstance(v, torch.Tensor)}
+
+
+class ModelState:
+    """A model's weights by parameter name; under FSDP each rank's shards (DTensors)."""
+
+    sharded = True  # through DCP
+
+    def __init__(self, model: nn.Module, fsdp: bool = False) -> None:
+        self.model, self.fsdp = model, fsdp
 
     def state_dict(self) -> dict[str, Any]:
-        if not self.sharded:
+        if not self.fsdp:
             return self.model.state_dict()
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(self.model, options=options)
+        return get_model_state_dict(self.model)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        ours = self.model.state_dict()
-        missing, unexpected = ours.keys() - state.keys(), state.keys() - ours.keys()
-        reshaped = [k for k in ours.keys() & state.keys() if ours[k].shape != state[k].shape]
-        if missing or unexpected or reshaped:
-            example = sorted(missing or unexpected or reshaped)[0]
-            raise ModelMismatch(
-                f"{len(missing)} missing, {len(unexpected)} unexpected and {len(reshaped)} "
-                f"reshaped tensors (e.g. {example!r})"
-            )
-        if not self.sharded:
+        """Sharded state (a DCP load) or a whole one (an older checkpoint, evaluate)."""
+        if (problem := mismatch(shapes(self.model.state_dict()), shapes(state))) is not None:
+            raise ModelMismatch(problem)
+        if not self.fsdp:
             self.model.load_state_dict(state)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import DTensor
 
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+        whole = not any(isinstance(v, DTensor) for v in state.values())
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=whole))
+
+
+def standard_optimizer(optimizer: torch.optim.Optimizer) -> bool:
+    """Torch optimizers over the model's parameters (optimizer=muon: its two `parts`),
+    whose state torch.distributed.checkpoint keys by parameter name; anything else keeps
+    its own state dict, saved by rank 0 (whole tensors: never FSDP)."""
+    parts = getattr(optimizer, "parts", [optimizer])
+    return all(type(p).state_dict is torch.optim.Optimizer.state_dict for p in parts)
 
 
 class OptimizerState:
-    """An optimizer's state; under FSDP gathered and keyed by parameter name."""
+    """An optimizer's state keyed by parameter name; under FSDP each rank's shards."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, sharded: bool) -> None:
-        self.model, self.optimizer, self.sharded = model, optimizer, sharded
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> None:
+        self.model, self.optimizer, self.fsdp = model, optimizer, fsdp
+        self.sharded = standard_optimizer(optimizer)  # else a job part (rank 0's)
 
     def state_dict(self) -> dict[str, Any]:
         if not self.sharded:
             return self.optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        # on an optimizer without state yet, one zero-gradient step at lr 0 creates it
+        return get_optimizer_state_dict(self.model, self.parts())
+
+    def parts(self) -> list[torch.optim.Optimizer]:
+        """The torch optimizers behind ours: optimizer=muon steps two (engine/optim.py
+        MuonWithAdamW), which torch's state dicts take as a list, keyed by name."""
+        return list(getattr(self.optimizer, "parts", [self.optimizer]))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # written under FSDP (optimizer=muon's two optimizers: their own keys, never FSDP)
+        # keyed by parameter name (DCP, or an older fsdp file); an older file without fsdp:
+        # keyed by position (optimizer=muon's: a dict of its two state dicts)
         by_name = any(isinstance(key, str) for key in state.get("state", {}))
-        if by_name != self.sharded:
-            written = "with" if by_name else "without"
-            raise CheckpointError(
-                f"the checkpoint was written {written} distributed=fsdp "
-                f"(its optimizer state is keyed differently); resume it {written} fsdp"
-            )
-        if not self.sharded:
+        if not self.sharded or not by_name:  # muon's, or an older file's keyed by position
+            if self.fsdp and not by_name and state.get("state"):
+                raise CheckpointError(
+                    "this single-file checkpoint was written without distributed=fsdp (its "
+                    "optimizer state is keyed by position); resume it without fsdp"
+                )
             self.optimizer.load_state_dict(state)
             return
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             set_optimizer_state_dict,
         )
+        from torch.distributed.tensor import DTensor
 
-        options = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(self.model, self.optimizer, state, options=options)
+        values = [v for s in state["state"].values() for v in s.values()]
+        whole = self.fsdp and not any(isinstance(v, DTensor) for v in values)
+        options = StateDictOptions(full_state_dict=whole)
+        set_optimizer_state_dict(self.model, self.parts(), state, options=options)
 
 
 class RngState:
@@ -172,12 +244,31 @@ class RngState:
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def reseed(seed: int, rank: int, step: int) -> None:
+    """Fresh random streams for `rank` resuming at `step` on another world size."""
+    seed_everything(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
+
+
 # Parts a checkpoint may lack: written before the part existed, or by a run without it.
 OPTIONAL = {"best", "ema", "schedule"}
+RANK_PARTS = {"rng"}  # one state per rank
+
+
+class CheckpointWriteFailed(TrainingFailed):
+    """A background checkpoint write failed; the message is one line."""
+
+
+@dataclass
+class Layout:
+    """How the job that writes a checkpoint is laid out (logged when a resume changes it)."""
+
+    world_size: int
+    strategy: str
+    global_batch: int
 
 
 class Checkpointer:
-    """Saves and restores the registered parts; rank 0 writes `folder/step_*.pt`, best.pt."""
+    """Saves and restores the registered parts into `folder/step_*/` and `folder/best/`."""
 
     def __init__(
         self,
@@ -186,19 +277,29 @@ class Checkpointer:
         config: dict[str, Any],
         decisions: dict[str, Any],
         cfg: CheckpointConfig,
-        sharded: bool = False,
+        layout: Layout,
     ) -> None:
-        """`cfg`: the checkpoint node (every_n_steps, at_end, keep)."""
+        """`cfg`: the checkpoint node (every_n_steps, at_end, keep, async_save)."""
         self.folder, self.ranks, self.config = folder, ranks, config
         self.decisions = decisions  # what a resumed run repeats rather than decides again
         self.every, self.at_end, self.keep = cfg.every_n_steps, cfg.at_end, cfg.keep
-        self.sharded = sharded
+        self.layout = layout
         self.parts: dict[str, Stateful | None] = {}
-        self.best_at: tuple[int, int, int] | None = None  # where best.pt was last written
+        self.best_at: tuple[int, int, int] | None = None  # where best/ was last written
+        self.async_save = cfg.async_save
+        self.pending: tuple[Path, Future] | None = None  # a background write and its folder
+        self.group = None  # async: the writes' own process group (their collectives run
+        if self.async_save and torch.distributed.is_initialized():  # beside the loop's)
+            self.group = torch.distributed.new_group(backend="gloo")
+        self.finisher = ThreadPoolExecutor(1, "checkpoint") if self.async_save else None
+        self.stager = None  # async: host buffers the state is copied into, kept for each save
 
     def register(self, name: str, part: Stateful | None) -> None:
-        """Save `part` under `name` (None: saved as None, a part this run does not have)."""
+        """Save `part` under `name` (None: a part this run does not have)."""
         self.parts[name] = part
+
+    def _sharded(self, name: str, part: Stateful | None) -> bool:
+        return part is not None and bool(getattr(part, "sharded", False))
 
     # ------------------------------------------------------------------ saving
 
@@ -206,36 +307,131 @@ class Checkpointer:
         """Whether a checkpoint is due after optimizer step `step` (`last`: the run's end)."""
         return bool(self.every and step % self.every == 0) or (last and self.at_end)
 
-    def state(self, check: Callable[[], None]) -> dict[str, Any] | None:
-        """The checkpoint's contents on rank 0, None on the others. Every rank calls it:
-        `check` raises for a state that must not be saved (NaN weights), and sharded parts
-        gather (FSDP)."""
-        check()
-        if not (self.ranks.is_zero or self.sharded):
-            return None
-        state = {name: None if p is None else p.state_dict() for name, p in self.parts.items()}
-        if not self.ranks.is_zero:
-            return None
-        return {"config": self.config, "decisions": self.decisions, **state}
+    def state(self) -> dict[str, Any]:
+        """What this rank writes: its shards of the sharded parts, its rank parts, and (rank
+        0) the job parts as one object."""
+        state: dict[str, Any] = {}
+        job: dict[str, Any] = {}
+        for name, part in self.parts.items():
+            if self._sharded(name, part):
+                state[name] = part.state_dict()
+            elif name in RANK_PARTS:
+                state[f"{name}_{self.ranks.rank}"] = to_bytes(part.state_dict())
+            else:
+                job[name] = None if part is None else part.state_dict()
+        if self.ranks.is_zero:
+            job |= {"config": self.config, "decisions": self.decisions, "layout": vars(self.layout)}  # fmt: skip
+            state[EXTRA] = to_bytes(job)
+        return state
 
     def save(self, position: Position, check: Callable[[], None]) -> Path | None:
         """A step checkpoint at `position` (rank 0's path; None elsewhere), then rotation.
-        At the very position best.pt was just written (and checked), that file is the
-        checkpoint."""
+        At the very position best/ was just written (and checked), its files are the
+        checkpoint's."""
+        self.wait()
+        path = checkpoint_path(self.folder, position.step)
         if self.best_at == position.key:
             if not self.ranks.is_zero:
                 return None
-            return best_as_checkpoint(self.folder, position.step, self.keep)
-        state = self.state(check)
-        if state is None:
-            return None
-        return save_checkpoint(state, self.folder, position.step, self.keep)
+            link_checkpoint(self.folder / BEST, path)
+            self._rotated(path)
+            return path
+        check()
+        self._write(path, rotated=True)
+        return path if self.ranks.is_zero else None
 
     def save_best(self, position: Position, check: Callable[[], None]) -> None:
-        """The state at the best validation so far, over best.pt."""
-        if (state := self.state(check)) is not None:
-            save_best(state, self.folder)
+        """The state at the best validation so far, over best/."""
+        self.wait()
+        check()
+        self._write(self.folder / BEST, rotated=False)
         self.best_at = position.key  # on every rank: save() agrees
+
+    def _write(self, path: Path, rotated: bool) -> None:
+        """Every rank writes its part of `path` into its temporary folder; rank 0 renames it
+        into place once DCP's metadata is written (async: once the background write ends)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import DefaultSavePlanner
+
+        # A tensor every rank holds (DDP's replicas) is written by rank 0: its buffers
+        # (BatchNorm's statistics) are the ones DDP broadcasts to the others at each step.
+        planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
+        tmp = temporary(path)
+        if self.ranks.is_zero:  # no rank writes a file before DCP's first collective
+            self.folder.mkdir(parents=True, exist_ok=True)
+            clean_temporaries(self.folder)
+        state = self.state()
+        if not self.async_save:
+            try:
+                dcp.save(state, checkpoint_id=str(tmp), planner=planner)
+            except BaseException as error:  # DCP's CheckpointException is no Exception
+                if isinstance(error, KeyboardInterrupt | SystemExit):
+                    raise
+                raise self._failed(path, error) from None
+            self._finish(tmp, path, rotated)
+            return
+        if self.stager is None:  # reused: a save copies into memory that is already mapped
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self.stager = DefaultStager(StagingOptions(False, False, False, False))
+        upload = dcp.async_save(
+            state, checkpoint_id=str(tmp), process_group=self.group, planner=planner,
+            async_stager=self.stager,
+        )  # fmt: skip
+        # the state is staged (copied to host memory): the loop goes on while it is written
+        self.pending = (path, self.finisher.submit(self._await, upload, tmp, path, rotated))
+
+    def _await(self, upload: Future, tmp: Path, path: Path, rotated: bool) -> None:
+        upload.result()
+        self._finish(tmp, path, rotated)
+
+    def _finish(self, tmp: Path, path: Path, rotated: bool) -> None:
+        if not self.ranks.is_zero:
+            return
+        publish(tmp, path)
+        if rotated:
+            self._rotated(path)
+        else:
+            log.info("best checkpoint: %s", path)
+
+    def _rotated(self, path: Path) -> None:
+        rotate(self.folder, self.keep)
+        log.info("checkpoint: %s", path)
+
+    def wait(self) -> None:
+        """Wait for the background write in flight, if any; one line if it failed."""
+        if self.pending is None:
+            return
+        (path, write), self.pending = self.pending, None
+        try:
+            write.result()
+        except BaseException as error:  # DCP's CheckpointException is no Exception
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
+            raise self._failed(path, error) from None
+
+    def _failed(self, path: Path, error: BaseException) -> CheckpointWriteFailed:
+        """The one line a failed write ends the run with (the run's checkpoints stay as
+        they were: the torn folder is temporary, removed by the next save)."""
+        how = "checkpoint.async_save: writing" if self.async_save else "writing checkpoint"
+        return CheckpointWriteFailed(
+            f"{how} {path} failed ({describe_failure(error)}); the newest complete "
+            f"checkpoint is {self.latest()}"
+        )
+
+    def close(self, quiet: bool = False) -> None:
+        """The end of the run: wait for the last write (`quiet`: the run already fails, so
+        a failed write is logged instead of raised), then free the staging buffers."""
+        try:
+            self.wait()
+        except CheckpointWriteFailed as error:
+            if not quiet:
+                raise
+            log.error("%s", error)
+        finally:
+            if self.stager is not None:
+                self.stager.close()
+                self.stager = None
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.folder) if self.folder.is_dir() else None
@@ -247,17 +443,90 @@ class Checkpointer:
     # ------------------------------------------------------------------ resuming
 
     def restore(self, saved: Saved) -> None:
-        """Hand every registered part its state from `saved`."""
-        load_parts(saved, self.parts)
+        """Hand every registered part its state from `saved`, resharded to this run."""
+        if saved.sharded:
+            self._restore_sharded(saved)
+        else:  # an older single file: whole tensors
+            load_parts(saved, self.parts)
         changed = changed_settings(saved.config, self.config)  # a requeue changes none
-        if changed and self.ranks.is_zero:  # rank 0 speaks for the job
-            log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
+        if self.ranks.is_zero:
+            if changed:  # rank 0 speaks for the job
+                log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
+            self._log_layout(saved)
         log.info("resumed from %s at step %d", saved.path, saved.state["position"]["step"])
+
+    def _restore_sharded(self, saved: Saved) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        where = f"resume={str(saved.path)!r}"
+        stored = read_metadata(saved.path).state_dict_metadata
+        template: dict[str, Any] = {}
+        for name, part in self.parts.items():
+            if not self._sharded(name, part):
+                continue
+            theirs = {k[len(name) + 1 :]: getattr(m, "size", None) for k, m in stored.items() if k.startswith(f"{name}.")}  # fmt: skip
+            if not theirs and name in OPTIONAL:
+                continue
+            state = part.state_dict()
+            if name in ("model", "ema"):
+                ours = shapes(state)
+                theirs = {k: v for k, v in theirs.items() if v is not None}
+                if (problem := mismatch(ours, theirs)) is not None:
+                    target = saved.config.get("model", {}).get("_target_")
+                    raise CheckpointError(f"{where}: the checkpoint holds another model ({target}): {problem}")  # fmt: skip
+            template[name] = state
+        template |= self._rank_template(saved, stored)
+        try:
+            dcp.load(template, checkpoint_id=str(saved.path))
+        except BaseException as error:  # DCP's CheckpointException is no Exception
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
+            raise CheckpointError(f"{where}: its state does not fit this run ({describe_failure(error)})") from None  # fmt: skip
+        for name, part in self.parts.items():
+            if part is None:
+                continue
+            if name in template:
+                part.load_state_dict(template[name])
+            elif f"{name}_{self.ranks.rank}" in template:
+                part.load_state_dict(from_bytes(template[f"{name}_{self.ranks.rank}"]))
+            elif name in RANK_PARTS:
+                step = saved.state["position"]["step"]
+                reseed(int(self.config.get("seed", 0)), self.ranks.rank, step)
+            elif saved.state.get(name) is not None:
+                part.load_state_dict(saved.state[name])
+            elif name == "ema":  # a run that turns the average on: it starts from the weights
+                log.warning("%s holds no weight average: it starts from the resumed weights", saved.path)  # fmt: skip
+                part.load_state_dict(template["model"])
+            elif name not in OPTIONAL:
+                raise CheckpointError(f"{where}: it holds no {name} state")
+
+    def _rank_template(self, saved: Saved, stored: dict[str, Any]) -> dict[str, Any]:
+        """This rank's own RNG stream where the world size is the saved one; none else."""
+        layout = saved.state.get("layout", {})
+        if layout.get("world_size") != self.layout.world_size:
+            return {}
+        names = [f"{name}_{self.ranks.rank}" for name in RANK_PARTS if name in self.parts]
+        return {key: b"" for key in names if key in stored}
+
+    def _log_layout(self, saved: Saved) -> None:
+        was, now = saved.state.get("layout", {}), vars(self.layout)
+        changes = [f"{key.replace('_', ' ')} {was.get(key)} -> {now[key]}" for key in now if was.get(key) != now[key]]  # fmt: skip
+        if not changes:
+            return
+        log.info("resumed on another layout: %s; model and optimizer resharded", ", ".join(changes))
+        if was.get("world_size") != now["world_size"] and "rng" in self.parts:
+            log.info(
+                "resume: the data order is exact (the epoch's remaining samples are dealt to "
+                "%d ranks); the random streams are reseeded from (seed, rank, step), as the "
+                "saved per-rank streams belong to %s ranks",
+                now["world_size"], was.get("world_size"),
+            )  # fmt: skip
 
 
 def load_parts(saved: Saved, parts: dict[str, Stateful | None]) -> None:
-    """Load each part's state from `saved`; a part that does not fit ends the run with one
-    line naming the checkpoint."""
+    """Load each part's state from a whole checkpoint (an older single file, or a folder
+    consolidated by load_checkpoint); a part that does not fit ends the run with one line
+    naming the checkpoint."""
     try:
         for name, part in parts.items():
             if part is None:

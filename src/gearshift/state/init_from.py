@@ -1,6 +1,7 @@
 """`model.init_from=PATH`: a new run's model starts from saved weights, and nothing else.
 
-PATH is a gearshift checkpoint (its `model` weights; any model), a plain state dict
+PATH is a gearshift checkpoint (its `model` weights; any model; a step folder or an older
+single file), a plain state dict
 (`python -m gearshift.export format=torch`), or a Hugging Face GPT-2 folder (`config.json`
 and `model.safetensors`, loaded into `model=gpt`, models/hf_gpt2.py). The optimizer,
 schedule, step and config are the new run's own: this is fine-tuning, not `resume`.
@@ -23,7 +24,7 @@ from torch import nn
 from gearshift.config import ConfigError
 from gearshift.models import hf_gpt2
 from gearshift.models.gpt import GPT
-from gearshift.state.checkpoint import load_checkpoint
+from gearshift.state.checkpoint import METADATA, load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,9 @@ def init_weights(model: nn.Module, path: str, strict: bool = True) -> dict[str, 
     """Load the weights at `path` into `model` (in place); what was loaded and left out."""
     where = Path(path).expanduser()
     key = f"model.init_from={path!r}"
-    if where.is_dir():
+    if where.is_dir() and not (where / METADATA).is_file():
         state = hf_state(model, where, key)
-    elif where.is_file():
+    elif where.exists():  # a checkpoint folder (DCP), an older checkpoint file, a state dict
         state = checkpoint_state(where, key)
     else:
         raise ConfigError(f"{key} is not allowed; no such file or folder")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,8 @@ class Position:
     epoch_batches: int = field(
         default=0, repr=False, compare=False
     )  # this rank's, from epoch_start
+    # Iterable data: the stream batches (data/streams.py), whose state is part of this one
+    stream: Any = field(default=None, repr=False, compare=False)
 
     @property
     def epoch_samples(self) -> int:
@@ -44,23 +47,30 @@ class Position:
     def next_epoch(self) -> None:
         self.epoch, self.epoch_start, self.batch = self.epoch + 1, 0, 0
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """The position a resumed run starts from: an epoch's end is the next one's start."""
         epoch, start = (self.epoch + 1, 0) if self.epoch_done else (self.epoch, self.epoch_samples)
-        return {
+        state = {
             "step": self.step,
             "epoch": epoch,
             "epoch_samples": start,
             "samples": self.samples,
             "global_batch": self.global_batch,
         }
+        if self.stream is not None:  # what the stream needs to continue: global, JSON-able
+            state["stream"] = self.stream.stream_state(
+                epoch, 0 if epoch != self.epoch else self.batch
+            )
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.epoch, self.samples = state["step"], state["epoch"], state["samples"]
         # checkpoints written before the position counted samples counted batches
         saved_batch = state.get("global_batch", self.global_batch)
         self.epoch_start = state.get("epoch_samples", state.get("batch", 0) * saved_batch)
         self.batch = 0
+        if self.stream is not None and state.get("stream") is not None:
+            self.stream.load_stream_state(state["stream"])
         if saved_batch != self.global_batch:
             log.info(
                 "resumed at sample %d of epoch %d with %d samples per batch over all ranks "
@@ -71,5 +81,5 @@ class Position:
 
     @property
     def key(self) -> tuple[int, int, int]:
-        """Identifies the position (a best.pt written here is this position's checkpoint)."""
+        """Identifies the position (a best/ written here is this position's checkpoint)."""
         return self.step, self.epoch, self.epoch_samples

@@ -5,6 +5,11 @@ a checkpoint and stop cleanly instead of dying mid-step.
 
 Whoever handled the signal before (submitit requeues the SLURM job from its handler) gets
 it once the checkpoint is saved: see `TrainingStopped.handover`.
+
+A rank of several also stops this way on SIGINT: Ctrl-C reaches every process of the
+terminal's job, and torchrun (or `distributed.nproc_per_node`) passes SIGINT on to its
+ranks; a rank killed by it mid-collective would leave the others waiting. A single process
+keeps Python's KeyboardInterrupt.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+RANK_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGINT)  # one rank of several
 
 Handler = Callable[[int, object], object]
 
@@ -25,26 +31,32 @@ class TrainingStopped(Exception):
     def __init__(
         self,
         signum: int,
-        step: int,
+        step: int | None,
         checkpoint: Path | None = None,
         handover: Handler | None = None,
     ) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}")
+        """`step` None: the process stopped before a rank could save (the local launcher's
+        ranks were killed, or never reached training); `checkpoint` is then the newest."""
+        name = signal.Signals(signum).name
+        when = f"after step {step}" if step is not None else "before the ranks saved"
+        super().__init__(f"stopped by {name} {when}")
         self.signum, self.step = signum, step
         self.checkpoint = checkpoint  # what this process saved (rank 0 saves for all)
         self.handover = handover  # the signal's previous Python handler, to call after saving
 
 
 class StopRequest:
-    """Context manager: while inside, STOP_SIGNALS set `signum` instead of killing."""
+    """Context manager: while inside, `signals` (STOP_SIGNALS; a rank of several:
+    RANK_STOP_SIGNALS) set `signum` instead of killing."""
 
-    def __init__(self) -> None:
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        self.signals = signals
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals go to the main thread
-            self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+            self._previous = {s: signal.signal(s, self._handle) for s in self.signals}
         return self
 
     def __exit__(self, *exc) -> None:

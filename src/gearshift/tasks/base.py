@@ -1,7 +1,8 @@
 """The Task seam: everything about a run that depends on what is being learnt.
 
-A batch is an `(inputs, targets)` pair as the data source's collated samples give it,
-already on the training device. The trainer runs `loss` under autocast for every
+A batch is an `(inputs, targets)` pair, already on the training device: as the data
+source's collated samples give it, or read from a dict of named fields (data/fields.py:
+`data.fields`, else the task's `input_fields` / `target_fields`, first present wins). The trainer runs `loss` under autocast for every
 micro-batch, `eval_sums` under `torch.inference_mode()` for every validation batch, and
 reads nothing back from the device between log steps: a task returns tensors, never
 Python numbers, from both.
@@ -36,6 +37,16 @@ class Task(ABC):
     # Tokens a sample holds (a language model: its block size), for tokens/s beside
     # samples/s; None where a sample is not made of tokens.
     tokens_per_sample: int | None = None
+    # The field names a dict sample (a Hugging Face dataset's, your own) is read by, in
+    # order of preference; `data.fields.inputs` / `data.fields.targets` override them.
+    input_fields: tuple[str, ...] = ("inputs", "pixel_values", "image", "img", "x")
+    target_fields: tuple[str, ...] = ("targets", "label", "labels", "y")
+    targets_optional: bool = False  # True: a sample without a target field is readable
+
+    def from_fields(self, inputs: Any, targets: Any | None) -> Batch:
+        """(inputs, targets) from a dict batch's fields (targets None: the sample has none,
+        allowed where `targets_optional`)."""
+        return inputs, targets
 
     @abstractmethod
     def loss(self, model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:

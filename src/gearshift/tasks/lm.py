@@ -1,25 +1,91 @@
 """`task=lm`: next-token prediction. The model maps token ids (batch, time) to logits
 (batch, time, vocabulary); the loss is the cross-entropy at every position whose target is
-not `ignore_index`. Validation reports the mean loss per predicted token and its perplexity."""
+not `ignore_index`. Validation reports the mean loss per predicted token and its perplexity
+and, given the text's UTF-8 bytes per token, its bits per byte (`val_bpb`): a figure that,
+unlike the loss per token, does not depend on the tokenizer (nanochat reports it)."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gearshift.config import ConfigError
 from gearshift.tasks.base import Batch, Task
+
+
+@dataclass(frozen=True)
+class SampleSettings:
+    """`task.sample_every=N` and its companions: `count` continuations of `prompt` (null:
+    the vocabulary's first token), `tokens` long, drawn at every N-th validation."""
+
+    every: int
+    prompt: str | None = None
+    tokens: int = 64
+    count: int = 2
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        for key, value, minimum in (
+            ("sample_every", self.every, 1), ("sample_tokens", self.tokens, 1),
+            ("sample_count", self.count, 1),
+        ):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigError(
+                    f"task.{key}={value!r} is not allowed; expected an integer >= {minimum}"
+                )
+        temperature = self.temperature
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:  # fmt: skip
+            raise ConfigError(
+                f"task.sample_temperature={temperature!r} is not allowed; expected a number >= 0 "
+                "(0: greedy)"
+            )
 
 
 class LanguageModel(Task):
     monitor, mode = "val_loss", "min"
     metrics = ("val_loss", "val_perplexity")
+    # Hugging Face's causal-LM fields: `input_ids` and, optionally, `labels` (the same
+    # positions, -100 where no loss is taken); both are shifted here to next-token pairs.
+    input_fields, target_fields, targets_optional = ("input_ids",), ("labels",), True
 
-    def __init__(self, vocab_size: int, block_size: int, ignore_index: int = -100) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        block_size: int,
+        ignore_index: int = -100,
+        bytes_per_token: float | None = None,
+        sample_every: int | None = None,
+        sample_prompt: str | None = None,
+        sample_tokens: int = 64,
+        sample_count: int = 2,
+        sample_temperature: float = 1.0,
+    ) -> None:
         self.vocab_size, self.block_size, self.ignore_index = vocab_size, block_size, ignore_index
         self.tokens_per_sample = block_size  # tokens/s in the summary, W&B and the console
+        number = isinstance(bytes_per_token, (int, float)) and not isinstance(bytes_per_token, bool)
+        if bytes_per_token is not None and not (number and bytes_per_token > 0):
+            raise ConfigError(
+                f"task.bytes_per_token={bytes_per_token!r} is not allowed; expected a number > 0 "
+                "(or null: no val_bpb)"
+            )
+        self.bytes_per_token = bytes_per_token
+        if bytes_per_token is not None:
+            self.metrics = (*self.metrics, "val_bpb")
+        # text samples at validations (observe/samples.py draws them; None: off)
+        self.sampling = None
+        if sample_every is not None:
+            self.sampling = SampleSettings(
+                sample_every, sample_prompt, sample_tokens, sample_count, sample_temperature
+            )
+
+    def from_fields(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> Batch:
+        """Windows of block_size + 1 tokens: each position predicts the next one."""
+        targets = inputs if targets is None else targets
+        return inputs[:, :-1], targets[:, 1:]
 
     def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = model(inputs)
@@ -37,7 +103,10 @@ class LanguageModel(Task):
 
     def eval_metrics(self, sums: dict[str, float], count: int) -> dict[str, float]:
         val_loss = sums["loss"] / max(sums["tokens"], 1)  # per predicted token, not per sequence
-        return {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 80.0))}
+        metrics = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 80.0))}
+        if self.bytes_per_token is not None:  # nats per token -> bits per token -> per byte
+            metrics["val_bpb"] = val_loss / math.log(2) / self.bytes_per_token
+        return metrics
 
     def example_batch(self, batch_size: int, device: torch.device) -> Batch:
         shape = (batch_size, self.block_size)

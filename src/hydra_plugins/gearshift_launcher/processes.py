@@ -5,12 +5,17 @@ leaves behind (the process's peak resident memory, allocator caches, compiled ke
 shows up in the figures of the runs after it. submitit's local launcher starts a fresh
 process per job, but all of them at once, so they compete for the machine. A sweep
 that measures (the gear ablation) wants both: every run alone, in its own process.
+The Optuna sweeper launches up to `n_jobs` trials at once, each from its own thread; it
+first calls `use_slots(n_jobs)`, and each trial then runs in a device slot of its own
+(slots.py: one GPU, or a disjoint set of cores, per trial).
 Job logs go to `<sweep folder>/.submitit/`. (No `from __future__ import annotations`:
 Hydra loads plugin modules outside sys.modules, where dataclasses cannot resolve them.)
 """
 
+import copy
 import logging
 import os
+import queue
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +24,15 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher import config, submitit_launcher
+
+from hydra_plugins.gearshift_launcher.slots import (
+    Slot,
+    enter_slot,
+    plan_slots,
+    slot_setup,
+    usable_cores,
+    visible_gpus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +49,57 @@ def keep_visible_gpus() -> list[str]:
 class SequentialProcessLauncher(submitit_launcher.LocalLauncher):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.params["setup"] = keep_visible_gpus() + list(self.params.get("setup") or [])
+        self.own_setup = list(self.params.get("setup") or [])
+        self.params["setup"] = keep_visible_gpus() + self.own_setup
+        self.slot: Slot | None = None  # in a job: the slot it runs in
+        self.free_slots: queue.Queue[Slot] | None = None  # in the sweep: slots not in use
+
+    def use_slots(self, n: int) -> None:
+        """From now on, each `launch` call (up to `n` at once, from the sweeper's threads)
+        runs its jobs in a slot of their own (slots.py); SlotError when the machine has too
+        few GPUs or cores for `n`. One at a time (`n=1`) uses the whole machine, as without."""
+        slots = plan_slots(n, usable_cores(), visible_gpus())
+        if n == 1:
+            return
+        self.free_slots = queue.Queue()
+        for slot in slots:
+            self.free_slots.put(slot)
 
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> list[JobReturn]:
+        if self.free_slots is None:
+            return self.launch_in(self, job_overrides, initial_job_idx)
+        slot = self.free_slots.get()  # one is free: the sweeper launches at most n at once
+        try:
+            return self.launch_in(self.in_slot(slot), job_overrides, initial_job_idx)
+        finally:
+            self.free_slots.put(slot)
+
+    def in_slot(self, slot: Slot) -> "SequentialProcessLauncher":
+        """This launcher for jobs in `slot`: its shell lines set the slot's devices, and the
+        job (this object, pickled) enters the slot before it runs."""
+        launcher = copy.copy(self)
+        gpus = keep_visible_gpus() if slot.gpus is None else []
+        launcher.params = {**self.params, "setup": gpus + slot_setup(slot) + self.own_setup}
+        launcher.slot, launcher.free_slots = slot, None
+        return launcher
+
+    def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
+        if self.slot is not None:  # in the job's process, before the task runs
+            enter_slot(self.slot)
+        return super().__call__(*args, **kwargs)
+
+    @staticmethod
+    def launch_in(
+        launcher: "SequentialProcessLauncher",
+        job_overrides: Sequence[Sequence[str]],
+        initial_job_idx: int,
+    ) -> list[JobReturn]:
         results = []
         for offset, overrides in enumerate(job_overrides):
-            [result] = super().launch([overrides], initial_job_idx + offset)
+            launch = submitit_launcher.LocalLauncher.launch  # submitit's, for one job
+            [result] = launch(launcher, [overrides], initial_job_idx + offset)
             failed = result.status == JobStatus.FAILED
             log.info("\t#%d %s", initial_job_idx + offset, "failed" if failed else "done")
             results.append(result)

@@ -3,7 +3,8 @@ trial table (state, params, objective, steps trained, pruned at) and two plots b
 matplotlib visualisers (`optimization_history.png`, `param_importances.png`).
 
 The sweeper writes it when the sweep ends; for a sweep folder by hand (a study still running,
-one that was killed): `python -m hydra_plugins.gearshift_sweeper.report <sweep dir>`.
+one that was killed): `make report DIR=<sweep dir>` (scripts/report.py hands a study's
+folder to this module) or `python -m hydra_plugins.gearshift_sweeper.report <sweep dir>`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 PRUNED_AT = "pruned_at_step"  # reporter.py's
+SWEEPER = "gearshift_sweeper.sweeper.OptunaSweeper"  # the _target_ of a study's sweep
 
 
 def write_report(study: Any, sweep_dir: Path, plots: bool = True) -> Path:
@@ -94,22 +96,41 @@ def _cell(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def study_storage(sweep_dir: Path) -> str | None:
+    """Where the study of a sweep folder lives: the storage its sweep was run with
+    (multirun.yaml, which Hydra writes into the folder), else `<sweep dir>/study.journal`;
+    None for a folder that is no study's (a gear ablation's)."""
+    import yaml
+
+    sweeper: dict[str, Any] = {}
+    multirun = sweep_dir / "multirun.yaml"
+    if multirun.is_file():
+        hydra = (yaml.safe_load(multirun.read_text()) or {}).get("hydra") or {}
+        sweeper = hydra.get("sweeper") or {}
+    storage = str(sweeper.get("storage") or "${")  # "${": none given, or not resolvable here
+    ours = SWEEPER in str(sweeper.get("_target_")) and "${" not in storage
+    if ours and ("://" in storage or Path(storage).is_file()):
+        return storage
+    journal = sweep_dir / "study.journal"
+    return str(journal) if journal.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep_dir", type=Path)
     parser.add_argument("--study", help="the study's name (default: the only one)")
     parser.add_argument("--no-plot", action="store_true", help="the table only")
     args = parser.parse_args(argv)
-    journal = args.sweep_dir / "study.journal"
-    if not journal.is_file():
-        print(f"error: {journal} does not exist; is {args.sweep_dir} a study's sweep folder?",
-              file=sys.stderr)  # fmt: skip
+    storage_url = study_storage(args.sweep_dir)
+    if storage_url is None:
+        print(f"error: {args.sweep_dir} holds no study (no study.journal, no multirun.yaml "
+              "of a gearshift_optuna sweep)", file=sys.stderr)  # fmt: skip
         return 2
     import optuna
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
 
-    storage = JournalStorage(JournalFileBackend(str(journal)))
+    from hydra_plugins.gearshift_sweeper.study import open_storage
+
+    storage = open_storage(storage_url)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]
     name = args.study or (names[0] if len(names) == 1 else None)
     if name not in names:

@@ -9,6 +9,11 @@
   command with the same `hydra.sweep.dir` continues it: finished trials stay, `n_trials` is
   the total, and a trial that was running when the sweep died is launched again under its
   own number, in its own run folder, where `resume=auto` continues from its checkpoint.
+- A launcher that submits jobs (hydra/launcher=slurm: `submit`, `rejoin`) gets each trial
+  submitted on the sweep's thread, and the trial records its job's id (`slurm_jobs`) before
+  anything waits on it; on a rerun, a trial whose job still runs (or ended with its result)
+  is waited for, not launched beside it. A local launcher with `use_slots` (processes) gets
+  `n_jobs` device slots first, one per trial in flight.
 - Each trial's run gets the `trial` node (its storage, study name and number, and the
   reporter class): the run reports its monitor at every validation, and the pruner can
   stop it (summary.json's `stop_reason: pruned`); the sweeper then tells the study PRUNED.
@@ -19,8 +24,10 @@ Trial number = Hydra job number = run folder name (`<sweep dir>/<number>`). (No
 
 import logging
 import sys
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,7 @@ log = logging.getLogger(__name__)
 DIRECTIONS = ("minimize", "maximize")
 EXIT_BAD_CONFIG = 2
 REPORTER = "hydra_plugins.gearshift_sweeper.reporter.OptunaReporter"
+SLURM_JOBS = "slurm_jobs"  # a trial's user attribute: the ids of the SLURM jobs it had
 
 
 class OptunaSweeper(Sweeper):
@@ -123,12 +131,17 @@ class OptunaSweeper(Sweeper):
                     if interrupted:
                         frozen = interrupted.pop(0)
                         number, params = frozen.number, frozen.params
-                        log.info("trial %d: resumed (it was running when the sweep ended)", number)
+                        waiting = self.rejoin(frozen)
+                        if waiting is None:
+                            log.info(
+                                "trial %d: resumed (it was running when the sweep ended)", number
+                            )
+                            waiting = self.start(storage, number, overrides(number, params))
                     else:
                         trial = study.ask(space.distributions)
                         number, params, to_ask = trial.number, trial.params, to_ask - 1
-                    job = overrides(number, params)
-                    running[pool.submit(self.launch_one, job, number)] = number
+                        waiting = self.start(storage, number, overrides(number, params))
+                    running[pool.submit(waiting)] = number
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     number = running.pop(future)
@@ -157,10 +170,51 @@ class OptunaSweeper(Sweeper):
                 f"hydra.sweeper.n_jobs={p['n_jobs']} is not allowed with hydra/launcher=basic, "
                 "which runs jobs inside the sweep's process; use hydra/launcher=processes or slurm"
             )
+        use_slots = getattr(self.launcher, "use_slots", None)  # hydra/launcher=processes
+        if use_slots is not None:
+            try:
+                use_slots(p["n_jobs"])  # a device slot for each trial in flight
+            except ValueError as error:
+                raise StudyError(str(error)) from None
         journal = journal_path(p.get("storage"), Path(str(self.config.hydra.sweep.dir)))
         if journal is not None:
             check_journal_path(journal.absolute())
         return space, journal
+
+    def start(self, storage: Any, number: int, overrides: list[str]) -> Callable[[], Any]:
+        """Launch trial `number`; returns what waits for its result (on a pool thread).
+
+        A launcher that submits jobs to a scheduler (hydra/launcher=slurm: `submit`) submits
+        here, on the sweep's thread, and the trial records the job's id (user attribute
+        `slurm_jobs`, every job it had) before anything waits on it: a rerun of a sweep that
+        died finds the job again. Any other launcher runs the trial in its `launch` call."""
+        submit = getattr(self.launcher, "submit", None)
+        if submit is None:
+            return partial(self.launch_one, overrides, number)
+        job = submit(overrides, number)
+        study_id = storage.get_study_id_from_name(self.params["study_name"])
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        jobs = storage.get_trial(trial_id).user_attrs.get(SLURM_JOBS, [])
+        storage.set_trial_user_attr(trial_id, SLURM_JOBS, [*jobs, job.job_id])
+        return partial(first_result, job)
+
+    def rejoin(self, trial: Any) -> Callable[[], Any] | None:
+        """What waits for the job of a trial that was running when the sweep died, when that
+        job still runs (or ended with its result while no sweep waited); None when it is gone,
+        or the launcher runs no jobs of its own: the trial is launched again."""
+        jobs = trial.user_attrs.get(SLURM_JOBS)
+        rejoin = getattr(self.launcher, "rejoin", None)
+        if not jobs or rejoin is None:
+            return None
+        job = rejoin(jobs[-1])
+        if job is None:
+            return None
+        log.info(
+            "trial %d: its SLURM job %s outlived the sweep: waiting for it",
+            trial.number,
+            job.job_id,
+        )
+        return partial(first_result, job)
 
     def launch_one(self, overrides: list[str], number: int) -> Any:
         """One trial through the launcher (on a pool thread): it returns when the run ends."""
@@ -211,6 +265,12 @@ class OptunaSweeper(Sweeper):
         OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
         log.info("best trial %d: %s = %s", best.number, best.params, best.value)
         return results
+
+
+def first_result(job: Any) -> Any:
+    """A submitted job's JobReturn (its first task's: rank 0 of a multi-task job), when it
+    ends; raises when the job died without one."""
+    return job.results()[0]
 
 
 def given(args: dict[str, Any] | None) -> dict[str, Any]:
