@@ -78,7 +78,8 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, source
     saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     # 6 batches of epoch 1 taken: its data position is 6 x 16 samples
     assert saved["position"] == {
-        "step": 11, "epoch": 1, "epoch_samples": 6 * 16, "samples": 11 * 32, "global_batch": 16
+        "step": 11, "epoch": 1, "epoch_samples": 6 * 16, "samples": 11 * 32, "trained": 11 * 32,
+        "global_batch": 16,
     }  # fmt: skip
     assert not (run_dir / "summary.json").exists()  # no summary for an unfinished run
 
@@ -107,7 +108,8 @@ def test_the_gpt_stopped_mid_epoch_then_resumed_equals_an_uninterrupted_run(tmp_
     assert stopped.value.step == 6
     saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     assert saved["position"] == {
-        "step": 6, "epoch": 1, "epoch_samples": 4 * 16, "samples": 6 * 32, "global_batch": 16
+        "step": 6, "epoch": 1, "epoch_samples": 4 * 16, "samples": 6 * 32, "trained": 6 * 32,
+        "global_batch": 16,
     }  # fmt: skip
 
     resumed = fit(make_cfg(*gears, "resume=auto", tiny=False), run_dir)

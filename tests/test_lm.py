@@ -9,10 +9,12 @@ import pytest
 import torch
 from helpers import CONF, make_cfg, run_train, task_of
 from omegaconf import OmegaConf
+from test_checkpoint import SignalAtStep
 from test_tokens import prepare_text
 
 from gearshift.app import preflight
 from gearshift.data.tokens import entropy_rate, markov_chain, synthetic_tokens
+from gearshift.state.preemption import TrainingStopped
 from gearshift.tasks import LanguageModel
 from gearshift.trainer import fit
 
@@ -87,6 +89,20 @@ def test_max_tokens_becomes_steps_of_the_global_batch_and_wins_over_epochs(tmp_p
     assert fit(bigram_cfg("max_tokens=5e3"), tmp_path / "float").summary["steps"] == 20
     both = fit(bigram_cfg("max_tokens=5e3", "max_steps=4"), tmp_path / "both").summary
     assert both["steps"] == 4 and both["max_tokens"] == 5000
+
+
+def test_a_resume_at_another_batch_size_trains_the_token_budget_and_ends_the_schedule(tmp_path):
+    # 4096 tokens at batch 16 x block 16 = 256 tokens a step: 16 steps. Stopped after step 6
+    # (1536 tokens) and resumed at batch 32 (512 a step), the 2560 tokens left are 5 steps:
+    # the run ends at step 11 with the budget trained, where the cosine schedule reaches zero.
+    # (Converting the budget again from the start would end at step 8, 1536 tokens short.)
+    gears = ("max_tokens=4096", "optimizer=adamw", "optimizer.lr_warmup_steps=2")
+    run_dir = tmp_path / "run"
+    with SignalAtStep(6), pytest.raises(TrainingStopped):
+        fit(bigram_cfg(*gears), run_dir)
+    resumed = fit(bigram_cfg(*gears, "batch_size=32", "resume=auto"), run_dir)
+    assert resumed.summary["steps"] == 11 and resumed.summary["tokens"] == 4096
+    assert resumed.optimizer.param_groups[0]["lr"] == 0.0
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "abc"])

@@ -265,10 +265,42 @@ def build_data(
     return train, val, gears
 
 
-def step_budget(cfg: DictConfig, task: Task, world_size: int) -> int | None:
+@dataclass
+class Trained:
+    """What a resumed run's checkpoint had trained: its steps, and its samples over all
+    ranks (nominal: batch_size x ranks a micro-batch) at `per_step` samples a step."""
+
+    step: int
+    samples: int
+    per_step: int
+
+    @classmethod
+    def of(cls, saved: Saved | None) -> Trained | None:
+        if saved is None:
+            return None
+        position, accum = saved.state["position"], saved.config.get("accum", 1)
+        per_step = position.get("global_batch", 0) * accum
+        samples = position.get("trained", position["step"] * per_step)  # older: one layout
+        return cls(position["step"], samples, per_step)
+
+
+def samples_per_step(cfg: DictConfig, world_size: int) -> int:
+    return cfg.batch_size * world_size * cfg.accum
+
+
+def resized(trained: Trained | None, per_step: int) -> bool:
+    """A resume whose optimizer step takes another number of samples than the saved run's
+    (other ranks, batch_size or accum): its steps no longer count the same work."""
+    return trained is not None and trained.per_step not in (0, per_step)
+
+
+def step_budget(
+    cfg: DictConfig, task: Task, world_size: int, trained: Trained | None = None
+) -> int | None:
     """The run's last optimizer step when a budget sets it, else None (epochs decide):
     `max_steps`, or `max_tokens` over the tokens of one optimizer step (batch_size x ranks x
-    accum x the task's tokens per sample), rounded up; with both, whichever ends first."""
+    accum x the task's tokens per sample), rounded up; with both, whichever ends first.
+    A resume at another samples per step counts the tokens left from those trained."""
     budgets = [cfg.max_steps] if cfg.max_steps else []
     max_tokens = max_tokens_of(cfg)
     if max_tokens is not None:
@@ -277,9 +309,26 @@ def step_budget(cfg: DictConfig, task: Task, world_size: int) -> int | None:
                 f"max_tokens={max_tokens} is not allowed; {type(task).__name__}'s samples "
                 "are not tokens (task=lm's are): use max_steps or epochs"
             )
-        per_step = cfg.batch_size * world_size * cfg.accum * task.tokens_per_sample
-        budgets.append(math.ceil(max_tokens / per_step))
+        per_step = samples_per_step(cfg, world_size)
+        tokens = per_step * task.tokens_per_sample  # a step's
+        if resized(trained, per_step):  # the tokens left, from the step the run resumes at
+            left = max_tokens - trained.samples * task.tokens_per_sample
+            budgets.append(trained.step + max(0, math.ceil(left / tokens)))
+        else:
+            budgets.append(math.ceil(max_tokens / tokens))
     return min(budgets) if budgets else None
+
+
+def epoch_steps(
+    cfg: DictConfig, batches_per_epoch: int, world_size: int, trained: Trained | None = None
+) -> int:
+    """The optimizer steps of `cfg.epochs` epochs (the schedule's length when epochs decide).
+    A resume at another samples per step: the steps taken, then those of the samples left."""
+    steps = cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
+    per_step = samples_per_step(cfg, world_size)
+    if not resized(trained, per_step):
+        return steps
+    return trained.step + max(0, math.ceil((steps * per_step - trained.samples) / per_step))
 
 
 def max_tokens_of(cfg: DictConfig) -> int | None:
@@ -301,7 +350,8 @@ def build_run(
     saved = read_resume(cfg.resume, folder)  # read once per start
     parts = build_parts(cfg, ranks, strategy, device, saved)
     cfg, model = parts.cfg, parts.model
-    max_steps = step_budget(cfg, parts.task, ranks.world_size)  # a bad budget: before any work
+    trained = Trained.of(saved)
+    max_steps = step_budget(cfg, parts.task, ranks.world_size, trained)  # before any work
     sampler = build_sampler(cfg, getattr(parts.task, "sampling", None), model)  # a bad prompt too
     advice = advise(cfg, model, device, parts.precision.dtype)  # layer widths, batch, ...
     if ranks.is_zero:
@@ -316,7 +366,14 @@ def build_run(
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
     optimizer = build_optimizer(model, cfg.optimizer)
     batches_per_epoch = len(parts.train_batches)
-    total_steps = max_steps or cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
+    total_steps = max_steps or epoch_steps(cfg, batches_per_epoch, ranks.world_size, trained)
+    if resized(trained, samples_per_step(cfg, ranks.world_size)) and ranks.is_zero:
+        log.info(
+            "resumed at %d samples a step (the checkpoint's run took %d): the schedule and "
+            "any token budget are recounted from the %d samples trained; it ends at step %d",
+            samples_per_step(cfg, ranks.world_size), trained.per_step, trained.samples,
+            total_steps,
+        )  # fmt: skip
     schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
     best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
@@ -341,6 +398,7 @@ def build_run(
         checkpointer.register(name, part)
     if saved is not None:
         checkpointer.restore(saved)
+        position.trained = trained.samples  # older checkpoints: counted from their steps
         batches = (
             position.epoch * batches_per_epoch + position.epoch_samples // position.global_batch
         )

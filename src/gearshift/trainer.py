@@ -194,6 +194,7 @@ class Trainer:
         for i, batch in enumerate(window):
             samples += self.forward_backward(batch, len(window), sync=i == len(window) - 1)
             p.batch += 1
+            p.trained += p.global_batch
         if self.losses.update_allowed():  # on_nonfinite=skip: False for a NaN/inf loss
             if self.clip_grad_norm is not None or self.logs_at(p.step + 1):  # else no norm needed
                 self.precision.unscale(self.optimizer)  # fp16: clip and report the true gradients

@@ -28,6 +28,7 @@ class Position:
     epoch_start: int = 0  # the epoch's sample this rank's batches started from (a resume)
     batch: int = 0  # batches this rank has taken since `epoch_start`
     samples: int = 0  # samples this rank trained on
+    trained: int = 0  # samples the whole job trained on, nominal (global_batch a batch)
     global_batch: int = field(default=0, repr=False, compare=False)  # samples per batch, all ranks
     epoch_batches: int = field(
         default=0, repr=False, compare=False
@@ -55,6 +56,7 @@ class Position:
             "epoch": epoch,
             "epoch_samples": start,
             "samples": self.samples,
+            "trained": self.trained,
             "global_batch": self.global_batch,
         }
         if self.stream is not None:  # what the stream needs to continue: global, JSON-able
