@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,23 @@ def stop_and_resume(cfg, run_dir: Path, step: int) -> tuple[dict, RunResult]:
         fit(cfg(), run_dir)
     saved = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))
     return saved, fit(cfg("resume=auto"), run_dir)
+
+
+def assert_a_stream_or_index_source_resumes_exactly(source, tmp_path: Path, streaming: bool):
+    """`source(*overrides)`'s config for 21 training images (3 batches an epoch), stopped
+    after step 4, mid-epoch, then resumed: equal to an uninterrupted run; a stream keeps its
+    own position, the epoch's 13 samples still to train."""
+    gears = (
+        "model=simple_cnn", "max_steps=7", "data.augment=true", f"data.streaming={streaming}",
+        f"dataloader.num_workers={2 if streaming else 0}",  # a stream: dealt to the workers
+    )  # fmt: skip
+    whole = fit(source(*gears), tmp_path / "whole")
+    saved, resumed = stop_and_resume(partial(source, *gears), tmp_path / "stopped", step=4)
+    assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 8  # mid-epoch
+    if streaming:
+        assert saved["position"]["stream"]["epoch"] == 1
+        assert sum(b - a for a, b in saved["position"]["stream"]["remaining"]) == 13
+    assert_same_parameters(resumed.model, whole.model)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from datasets import Image as ImageFeature
 from helpers import load_script, make_cfg, run_train
 from PIL import Image
-from test_checkpoint import assert_same_parameters, stop_and_resume
+from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU
 from test_images_uint8 import photo
 
@@ -108,18 +108,7 @@ def test_hf_trains_from_the_command_line(tmp_path):
 @pytest.mark.parametrize("streaming", [False, True], ids=["by-index", "streaming"])
 def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, streaming):
     path = write_hf(tmp_path, "disk")  # 21 to train: 3 batches an epoch
-    gears = (
-        "model=simple_cnn", "max_steps=7", "data.augment=true", f"data.streaming={streaming}",
-        f"dataloader.num_workers={2 if streaming else 0}",  # a stream: dealt to the workers
-    )  # fmt: skip
-    whole = fit(hf_cfg(path, *gears), tmp_path / "whole")
-    cfg = partial(hf_cfg, path, *gears)
-    saved, resumed = stop_and_resume(cfg, tmp_path / "stopped", step=4)
-    assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 8  # mid-epoch
-    if streaming:  # the stream's own position: the epoch's 13 samples still to train
-        assert saved["position"]["stream"]["epoch"] == 1
-        assert sum(b - a for a, b in saved["position"]["stream"]["remaining"]) == 13
-    assert_same_parameters(resumed.model, whole.model)
+    assert_a_stream_or_index_source_resumes_exactly(partial(hf_cfg, path), tmp_path, streaming)
 
 
 @pytest.mark.parametrize(

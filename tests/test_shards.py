@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import load_script, make_cfg, run_train, stops_at_damaged_file
-from test_checkpoint import assert_same_parameters, stop_and_resume
+from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU, run_dir
 from test_images_uint8 import write_photos
 
@@ -21,7 +21,6 @@ from gearshift.data.decode import ImageDecoder
 from gearshift.data.loading import build_data
 from gearshift.data.shards import INDEX, ShardSamples, read_members
 from gearshift.state.checkpoint import load_checkpoint
-from gearshift.trainer import fit
 
 _script = load_script("make_shards")
 make_shards, make_shards_main = _script.make_shards, _script.main
@@ -135,18 +134,8 @@ def test_every_sample_once_per_epoch_in_the_index_order(tmp_path):
 def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, streaming):
     write_photos(tmp_path / "images", per_class=8)  # 21 to train: 3 batches an epoch
     make_shards(tmp_path / "images", tmp_path / "shards", shard_mb=0.006)
-    gears = (
-        "model=simple_cnn", "max_steps=7", "data.augment=true", f"data.streaming={streaming}",
-        f"dataloader.num_workers={2 if streaming else 0}",  # a stream: dealt to the workers
-    )  # fmt: skip
-    whole = fit(shards_cfg(tmp_path / "shards", *gears), tmp_path / "whole")
-    cfg = partial(shards_cfg, tmp_path / "shards", *gears)
-    saved, resumed = stop_and_resume(cfg, tmp_path / "stopped", step=4)
-    assert saved["position"]["epoch"] == 1 and saved["position"]["epoch_samples"] == 8  # mid-epoch
-    if streaming:  # the stream's own position: the epoch's 13 samples still to train
-        assert saved["position"]["stream"]["epoch"] == 1
-        assert sum(b - a for a, b in saved["position"]["stream"]["remaining"]) == 13
-    assert_same_parameters(resumed.model, whole.model)
+    source = partial(shards_cfg, tmp_path / "shards")
+    assert_a_stream_or_index_source_resumes_exactly(source, tmp_path, streaming)
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["by-index", "streaming"])
