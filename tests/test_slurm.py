@@ -217,8 +217,11 @@ def cancel(job: str) -> None:
 @pytest.mark.timeout(seconds(240))
 @pytest.mark.parametrize(
     ("end_job", "state"),
-    [(kill_training_process, "FAILED"), (cancel, "CANCELLED")],
-    ids=["killed", "cancelled"],
+    [
+        # the same launcher path as a cancel, each waiting out submitit's 15 s for a result
+        pytest.param(kill_training_process, "FAILED", id="killed", marks=pytest.mark.slow),
+        pytest.param(cancel, "CANCELLED", id="cancelled"),
+    ],
 )
 def test_a_job_that_dies_without_a_result_fails_the_sweep(sweep, end_job, state):
     # point 0 finishes; point 1 trains until it is killed or cancelled
