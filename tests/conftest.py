@@ -31,6 +31,28 @@ def no_wandb_key(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_SILENT", "true")
 
 
+# GPT-2's pre-tokenizer (tiktoken_ext/openai_public.py), for a tiny encoding built here:
+# GPT-2's vocabulary cannot be downloaded in a test
+GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+
+@pytest.fixture
+def tiny_gpt2(monkeypatch):
+    """A byte-pair encoding on GPT-2's pattern with 256 bytes and a few merges, served as
+    tiktoken.get_encoding("gpt2") (tiktoken's own registry of loaded encodings)."""
+    import tiktoken  # the dev extra
+
+    ranks = {bytes([i]): i for i in range(256)}
+    for merged in (b"th", b"the", b" the", b"ca", b"cat", b" cat", b" a", b"do", b"dog", b" dog"):
+        ranks[merged] = len(ranks)
+    encoding = tiktoken.Encoding(
+        name="gpt2", pat_str=GPT2_SPLIT, mergeable_ranks=ranks,
+        special_tokens={"<|endoftext|>": len(ranks)},
+    )  # fmt: skip
+    monkeypatch.setitem(tiktoken.registry.ENCODINGS, "gpt2", encoding)
+    return encoding
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("timeout") is None:

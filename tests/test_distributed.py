@@ -317,10 +317,16 @@ BAD_DISTRIBUTED_INPUT = [
         "error: distributed='ddp' is not allowed; it needs several processes: launch it with "
         "torchrun --nproc_per_node=N train.py ... or add distributed.nproc_per_node=N",
     ),
-    (
-        "distributed=dp",
-        "error: distributed='dp' is not allowed; DataParallel needs CUDA devices; "
-        "use distributed=ddp on CPU",
+    *(  # with CUDA devices DataParallel is allowed: test_gpu.py trains with it
+        []
+        if torch.cuda.is_available()
+        else [
+            (
+                "distributed=dp",
+                "error: distributed='dp' is not allowed; DataParallel needs CUDA devices; "
+                "use distributed=ddp on CPU",
+            )
+        ]
     ),
     (
         "distributed.nproc_per_node=0",
@@ -333,8 +339,6 @@ BAD_DISTRIBUTED_INPUT = [
 def test_bad_distributed_input_is_one_line_before_any_run_folder(
     tmp_path, monkeypatch, capsys, override, message
 ):
-    if override == "distributed=dp" and torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: DataParallel is allowed")
     monkeypatch.chdir(tmp_path)  # what train.py runs first, in this process
     with pytest.raises(SystemExit) as exit:
         preflight(CONF, argv=[override])
@@ -351,8 +355,6 @@ def test_bad_distributed_input_is_one_line_before_any_run_folder(
     ],
 )
 def test_bad_distributed_input_is_one_line(tmp_path, override, message):
-    if override == "distributed=dp" and torch.cuda.is_available():
-        pytest.skip("this machine has CUDA: DataParallel is allowed")
     result = run_train(override, cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == message

@@ -199,27 +199,6 @@ def test_a_sample_prompt_outside_the_vocabulary_is_one_line_before_training(tmp_
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-# GPT-2's pre-tokenizer (tiktoken_ext/openai_public.py), for a tiny encoding built here:
-# GPT-2's vocabulary cannot be downloaded in a test
-GPT2_SPLIT = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-
-
-@pytest.fixture
-def tiny_gpt2(monkeypatch):
-    """A byte-pair encoding on GPT-2's pattern with 256 bytes and a few merges, served as
-    tiktoken.get_encoding("gpt2") (tiktoken's own registry of loaded encodings)."""
-    tiktoken = pytest.importorskip("tiktoken")
-    ranks = {bytes([i]): i for i in range(256)}
-    for merged in (b"th", b"the", b" the", b"ca", b"cat", b" cat", b" a", b"do", b"dog", b" dog"):
-        ranks[merged] = len(ranks)
-    encoding = tiktoken.Encoding(
-        name="gpt2", pat_str=GPT2_SPLIT, mergeable_ranks=ranks,
-        special_tokens={"<|endoftext|>": len(ranks)},
-    )  # fmt: skip
-    monkeypatch.setitem(tiktoken.registry.ENCODINGS, "gpt2", encoding)
-    return encoding
-
-
 def test_gpt2_byte_pairs_through_tiktoken_prepare_train_and_generate(tiny_gpt2, tmp_path, capsys):
     text = grammar_text(300)
     (tmp_path / "text.txt").write_text(text)

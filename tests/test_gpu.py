@@ -31,6 +31,13 @@ def test_amp_on_is_bf16_on_a_gpu_that_supports_it(tmp_path):
     assert result.summary["gears"]["amp"] == want
 
 
+def test_data_parallel_trains_on_cuda(tmp_path):
+    # where CUDA is, distributed=dp is allowed (without it: one error line, test_distributed.py)
+    result = fit(make_cfg("device=cuda", "model=mlp", "distributed=dp", "max_steps=3"), tmp_path)
+    assert isinstance(result.model, nn.Module) and result.summary["gears"]["distributed"] == "dp"
+    check_summary(result.summary, steps=3, samples=3 * 16)
+
+
 def test_channels_last_on_cuda(tmp_path):
     with ForwardRecorder(nn.Conv2d) as seen:
         fit(

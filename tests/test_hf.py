@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+import transformers
 from helpers import make_cfg
 
 from gearshift import export as export_cli
@@ -19,7 +20,6 @@ from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint import latest_checkpoint
 from gearshift.trainer import fit
 
-transformers = pytest.importorskip("transformers")  # the dev extra; absent: not installed
 CPU = torch.device("cpu")
 CONF = make_cfg.__globals__["CONF"]
 SIZES = ("data.vocab_size=50", "data.block_size=32", "model.n_layer=2", "model.n_head=2",

@@ -131,22 +131,11 @@ def test_prepare_text_bad_input_is_one_error_line(tmp_path, capsys, monkeypatch)
     assert not (tmp_path / "out").exists()  # nothing written
 
 
-def _gpt2_available() -> bool:
-    try:
-        import tiktoken
-
-        tiktoken.get_encoding("gpt2")  # its vocabulary: downloaded once, then cached
-    except Exception:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _gpt2_available(), reason="tiktoken or its cached GPT-2 vocabulary absent")
-def test_prepare_text_gpt2_round_trips(tmp_path):
+def test_prepare_text_gpt2_round_trips(tiny_gpt2, tmp_path):
     text = grammar_text(100)
     (tmp_path / "in.txt").write_text(text)
     meta = prepare_text.prepare(tmp_path / "in.txt", tmp_path / "out", tokenizer="gpt2")
-    assert meta["vocab_size"] == 50257 and meta["dtype"] == "uint16"
+    assert meta["vocab_size"] == tiny_gpt2.n_vocab and meta["dtype"] == "uint16"
     decode = tokenizer_from_meta(meta).decode
     train, val = (np.fromfile(tmp_path / "out" / f"{s}.bin", dtype=np.uint16) for s in SPLITS)
     assert decode(train) + decode(val) == text
