@@ -72,7 +72,7 @@ from gearshift.data.text import CharTokenizer, write_token_folder
 from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
-from gearshift.models.build import build_model
+from gearshift.models.factory import build_model
 from gearshift.models.gpt import GPT
 from gearshift.models.sampling import generate
 from gearshift.tasks import build_task

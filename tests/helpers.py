@@ -23,8 +23,8 @@ import gearshift.config  # noqa: F401  (registers the schema with the ConfigStor
 from gearshift.data.decode import UnreadableImage
 from gearshift.data.loading import EpochSampler
 from gearshift.engine import precision
-from gearshift.observe import advisor
-from gearshift.state.checkpoint import latest_checkpoint
+from gearshift.observe import findings as advisor
+from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.tasks import Task, build_task
 from gearshift.trainer import fit
 

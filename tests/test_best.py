@@ -11,7 +11,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift.app import objective
 from gearshift.state.best import BestTracker
-from gearshift.state.checkpoint import load_checkpoint
+from gearshift.state.checkpoint_folders import load_checkpoint
 from gearshift.state.checkpointer import ModelState
 from gearshift.tasks import Classification
 from gearshift.trainer import fit

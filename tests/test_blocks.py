@@ -14,7 +14,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from gearshift.models import GPT, MLP, SimpleCNN
 from gearshift.models.blocks import model_blocks
-from gearshift.models.build import build_model
+from gearshift.models.factory import build_model
 from gearshift.trainer import Trainer, fit
 
 

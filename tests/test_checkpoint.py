@@ -18,7 +18,7 @@ from helpers import ROOT, make_cfg, run_train, seconds
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift import evaluate, export
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.state.checkpointer import CheckpointWriteFailed, RngState
 from gearshift.state.preemption import TrainingStopped
 from gearshift.trainer import RunResult, fit

@@ -20,7 +20,7 @@ from helpers import CONF, ROOT, check_amp_on_resolved, make_cfg, only_summary, r
 import gearshift.trainer
 from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
 
 TINY_CLI = [

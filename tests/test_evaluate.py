@@ -10,7 +10,7 @@ import pytest
 from helpers import ROOT, make_cfg, seconds
 
 from gearshift import evaluate
-from gearshift.state.checkpoint import latest_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.trainer import fit
 
 # amp=bf16 and channels_last: the checkpoint's gears must act again for the figures to match

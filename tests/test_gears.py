@@ -334,7 +334,7 @@ def test_compile_on_trains_through_a_compiled_module(tmp_path):
 
 
 def test_compile_auto_compiles_on_cuda_only():
-    from gearshift.models.build import resolve_compile
+    from gearshift.models.factory import resolve_compile
 
     assert resolve_compile("auto", torch.device("cuda"))[0] is True
     on_cpu, reason = resolve_compile("auto", CPU)

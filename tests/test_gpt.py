@@ -11,7 +11,7 @@ from helpers import make_cfg
 from torch import nn
 
 from gearshift.models import GPT
-from gearshift.models.build import build_model
+from gearshift.models.factory import build_model
 
 CPU = torch.device("cpu")
 

@@ -17,7 +17,7 @@ from gearshift.build import build_parts
 from gearshift.config import ConfigError
 from gearshift.evaluate import load_model
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint import latest_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.trainer import fit
 
 CPU = torch.device("cpu")

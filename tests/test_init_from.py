@@ -13,7 +13,7 @@ from test_make_it_yours import COMMAND, TINY, work  # noqa: F401 (a fixture)
 
 from gearshift.config import ConfigError
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import Trainer, fit
 
 CPU = torch.device("cpu")

@@ -16,8 +16,8 @@ from gearshift.data.tokens import entropy_rate, markov_chain
 from gearshift.engine.optim import build_optimizer
 from gearshift.engine.precision import Precision
 from gearshift.models import GPT
-from gearshift.models.build import build_model
-from gearshift.observe.advisor import advise
+from gearshift.models.factory import build_model
+from gearshift.observe.findings import advise
 from gearshift.observe.mfu import MFU, analytic_flops_per_sample, count_flops_per_sample
 from gearshift.trainer import fit
 

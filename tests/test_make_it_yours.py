@@ -19,7 +19,7 @@ import pytest
 import torch
 from helpers import ROOT, check_amp_on_resolved, only_summary, seconds
 
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 
 
 def readme_example() -> tuple[dict[str, str], list[str]]:

@@ -12,7 +12,7 @@ from helpers import make_cfg, task_of
 from gearshift import build
 from gearshift import trainer as loop
 from gearshift.engine.precision import Precision
-from gearshift.models.build import build_model
+from gearshift.models.factory import build_model
 from gearshift.observe.loggers import NullLogger
 from gearshift.observe.mfu import compute_dtype, count_flops_per_sample, gpu_peak
 

@@ -18,7 +18,7 @@ from gearshift.config import ConfigError
 from gearshift.engine.optim import MuonWithAdamW, build_optimizer
 from gearshift.models import GPT
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import Trainer, fit
 
 CPU = torch.device("cpu")

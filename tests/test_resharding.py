@@ -19,7 +19,7 @@ from distributed_workers import (
 )
 from helpers import make_cfg, recording_epoch_samples
 
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
 
 # AdamW: two moments per parameter (and a step count) that must come back resharded

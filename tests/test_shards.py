@@ -20,7 +20,7 @@ from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import ImageDecoder
 from gearshift.data.loading import build_data
 from gearshift.data.shards import INDEX, ShardSamples, read_members
-from gearshift.state.checkpoint import load_checkpoint
+from gearshift.state.checkpoint_folders import load_checkpoint
 
 _script = load_script("make_shards")
 make_shards, make_shards_main = _script.make_shards, _script.main

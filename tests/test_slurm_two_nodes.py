@@ -24,7 +24,7 @@ from test_slurm import (  # noqa: F401  (slurm_cluster: the session's cluster fi
     wait_for,
 )
 
-from gearshift.state.checkpoint import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 
 pytestmark = pytest.mark.slurm
 

@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 from gearshift.app import default_config_dir, preflight
 from gearshift.engine.precision import resolve_amp_dtype
 from gearshift.engine.runtime import resolve_device
-from gearshift.models.build import build_model
-from gearshift.observe.advisor import Finding, advise
+from gearshift.models.factory import build_model
+from gearshift.observe.findings import Finding, advise
 
 
 def target_device(cfg: DictConfig, choice: str | None) -> torch.device:

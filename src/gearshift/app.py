@@ -28,7 +28,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gearshift.config import ConfigError, check_config
 from gearshift.config.checks import locate
 from gearshift.engine.failures import TrainingFailed
-from gearshift.state.checkpoint import CheckpointError
+from gearshift.state.checkpoint_folders import CheckpointError
 from gearshift.state.preemption import TrainingStopped
 
 log = logging.getLogger(__name__)

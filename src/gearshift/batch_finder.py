@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_leaves
 from gearshift.data.loading import to_device
 from gearshift.engine.optim import build_optimizer
 from gearshift.engine.precision import Precision
-from gearshift.models.build import build_model
+from gearshift.models.factory import build_model
 from gearshift.parallel.distributed import gather_sum_max
 from gearshift.tasks import Task
 

@@ -33,15 +33,15 @@ from gearshift.engine.optim import build_optimizer, build_schedule
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
 from gearshift.engine.runtime import configure_backends, configure_determinism, seed_everything
 from gearshift.models.blocks import model_blocks
-from gearshift.models.build import build_model, compile_model, resolve_compile
-from gearshift.observe.advisor import Finding, advise, log_findings
+from gearshift.models.factory import build_model, compile_model, resolve_compile
+from gearshift.observe.findings import Finding, advise, log_findings
 from gearshift.observe.memory_snapshot import MemoryHistory, out_of_memory_message
 from gearshift.observe.metrics import PerfMeter
 from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
 from gearshift.observe.profiler import Profiler
-from gearshift.observe.reporter import Reporter, build_reporter
 from gearshift.observe.samples import Sampler, build_sampler
+from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, gather_sum_max, rank_zero_value, wrap_model
 from gearshift.state.best import BestTracker, build_tracker
 from gearshift.state.checkpointer import (

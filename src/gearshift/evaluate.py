@@ -39,7 +39,7 @@ from gearshift.config.schema import Config
 from gearshift.engine.runtime import resolve_device
 from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint import CheckpointError, load_checkpoint
+from gearshift.state.checkpoint_folders import CheckpointError, load_checkpoint
 from gearshift.state.checkpointer import ModelState, Saved, load_parts
 
 log = logging.getLogger("gearshift.evaluate")

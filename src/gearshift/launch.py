@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from gearshift.data.loading import cpu_count
 from gearshift.parallel.distributed import ranks_from_environment
-from gearshift.state.checkpoint import latest_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.state.preemption import TrainingStopped
 from gearshift.trainer import fit
 

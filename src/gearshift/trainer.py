@@ -34,7 +34,7 @@ from gearshift.observe.loggers import NullLogger, build_logger
 from gearshift.observe.metrics import Interval, memory_metrics, peak_memory
 from gearshift.observe.nonfinite import NONE, nonfinite_message
 from gearshift.observe.summary import finished_summary, make_summary, write_summary
-from gearshift.observe.tokens import token_metrics, token_summary
+from gearshift.observe.token_rates import token_metrics, token_summary
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,

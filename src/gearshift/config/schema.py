@@ -193,7 +193,7 @@ class TrialConfig:
     number: int | None = None  # the trial's number (= its run folder under the sweep folder)
 
 
-# The model node's keys that are the trainer's, not the model's arguments (models/build.py):
+# The model node's keys that are the trainer's, not the model's arguments (models/factory.py):
 # init_from: a checkpoint or a Hugging Face GPT-2 folder whose weights the model starts from;
 # init_strict: false loads the tensors that fit and lists the rest.
 MODEL_KEYS = {"init_from": None, "init_strict": True}

@@ -15,7 +15,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gearshift.observe.tokens import token_rows
+from gearshift.observe.token_rates import token_rows
 
 
 def progress_bar(enabled: bool) -> Progress:

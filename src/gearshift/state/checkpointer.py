@@ -3,7 +3,7 @@
 A checkpoint is the state of every part registered with the Checkpointer, each under its
 own name, beside the run's config, the decisions a resumed run must repeat (what `amp=on`
 resolved to) and the job's layout (world size, strategy, global batch). It is written with
-torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint.py), in one
+torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py), in one
 format for every strategy, a single process included:
 
 - sharded parts (model, optimizer, ema): every rank writes its own shards (FSDP: the
@@ -43,7 +43,7 @@ from gearshift.config.schema import CheckpointConfig
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.runtime import seed_everything
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint import (
+from gearshift.state.checkpoint_folders import (
     BEST,
     EXTRA,
     CheckpointError,

@@ -38,7 +38,6 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from hydra_plugins.gearshift_sweeper.reporter import PRUNED_AT
 from hydra_plugins.gearshift_sweeper.search_space import SearchSpaceError, parse_search_space
 from hydra_plugins.gearshift_sweeper.study import (
     PRUNER_KEY,
@@ -51,12 +50,13 @@ from hydra_plugins.gearshift_sweeper.study import (
     journal_path,
     open_storage,
 )
+from hydra_plugins.gearshift_sweeper.study_reporter import PRUNED_AT
 
 log = logging.getLogger(__name__)
 
 DIRECTIONS = ("minimize", "maximize")
 EXIT_BAD_CONFIG = 2
-REPORTER = "hydra_plugins.gearshift_sweeper.reporter.OptunaReporter"
+REPORTER = "hydra_plugins.gearshift_sweeper.study_reporter.OptunaReporter"
 SLURM_JOBS = "slurm_jobs"  # a trial's user attribute: the ids of the SLURM jobs it had
 
 
