@@ -101,11 +101,13 @@ def test_2_ranks_x_16_resumed_as_1_x_32_take_each_sample_once_and_end_equal(tmp_
     )
     before = [i for rank in ranks for i in rank["taken"]]
     assert len(before) == 96 and ranks[0]["summary"]["steps"] == 3
+    assert ranks[0]["summary"]["samples"] == 96  # the job's, over both ranks
 
     with recording_epoch_samples() as after, caplog.at_level(logging.INFO, logger="gearshift"):
         resumed = fit(make_cfg(*data, "batch_size=32"), tmp_path / "parts" / "rank0")
     assert sorted(before + after) == list(range(256))  # the epoch's samples, each once
     assert resumed.summary["steps"] == 8
+    assert resumed.summary["samples"] == 256  # the job's: 96 on 2 ranks, then 160 on one
     [layout] = [r.message for r in caplog.records if "another layout" in r.message]
     assert "world size 2 -> 1" in layout and "strategy ddp -> none" in layout
     assert "global batch" not in layout  # 2 x 16 and 1 x 32: the same global batch

@@ -399,6 +399,7 @@ def build_run(
     if saved is not None:
         checkpointer.restore(saved)
         position.trained = trained.samples  # older checkpoints: counted from their steps
+        position.resumed_at = (position.samples, position.trained)
         batches = (
             position.epoch * batches_per_epoch + position.epoch_samples // position.global_batch
         )

@@ -23,16 +23,19 @@ def make_summary(
     device: torch.device,
     world_size: int,
     steps: int,
-    samples: int,
+    samples: tuple[int, int],
     final_loss: float,
     gears: dict[str, Any],
     val: dict[str, float | None],
 ) -> dict[str, Any]:
-    """summary.json's figures (README: "What a run leaves behind"), reduced over ranks."""
+    """summary.json's figures (README: "What a run leaves behind"), reduced over ranks.
+    `samples`: (the job's before this start, this rank's since), so a resume on another
+    world size still counts the job's samples."""
     steady = meter.steady_state()
     local_peak, peak_kind = peak_memory(device)
-    (steady_samples,), (seconds, peak_bytes) = gather_sum_max(
-        [steady.samples], [steady.seconds, local_peak], device
+    before, since = samples
+    (steady_samples, job_samples), (seconds, peak_bytes) = gather_sum_max(
+        [steady.samples, since], [steady.seconds, local_peak], device
     )
     samples_per_sec = steady_samples / seconds if seconds > 0 else 0.0
     return {
@@ -44,7 +47,7 @@ def make_summary(
         "peak_memory_kind": peak_kind,
         "final_loss": final_loss,
         "steps": steps,
-        "samples": samples * world_size,
+        "samples": before + int(job_samples),
         "world_size": world_size,
         "device": str(device),
         "gears": gears,

@@ -33,6 +33,9 @@ class Position:
     epoch_batches: int = field(
         default=0, repr=False, compare=False
     )  # this rank's, from epoch_start
+    # (this rank's `samples`, the job's `trained`) when this start resumed: summary.json
+    # counts the job's samples as those before it plus every rank's since
+    resumed_at: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
     # Iterable data: the stream batches (data/streams.py), whose state is part of this one
     stream: Any = field(default=None, repr=False, compare=False)
 
