@@ -23,7 +23,7 @@ import gearshift.config  # noqa: F401  (registers the schema with the ConfigStor
 from gearshift.data.decode import UnreadableImage
 from gearshift.data.loading import EpochSampler
 from gearshift.engine import precision
-from gearshift.observe import findings as advisor
+from gearshift.observe import findings
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.tasks import Task, build_task
 from gearshift.trainer import fit
@@ -106,7 +106,7 @@ def fake_cpu_speed(monkeypatch, speed: float) -> None:
         return precision.CpuSpeed(dtype, matmul=speed, conv=speed)
 
     monkeypatch.setattr(precision, "cpu_speed", measured)
-    monkeypatch.setattr(advisor, "cpu_speed", measured)  # imported by name there
+    monkeypatch.setattr(findings, "cpu_speed", measured)  # imported by name there
 
 
 # What amp=on resolved to -> how its reason begins: measured on a CPU (bf16 always, fp16 where

@@ -350,10 +350,9 @@ class Trainer:
     def summarize(self) -> dict[str, Any]:
         """summary.json (rank 0 writes it), the log line and the closing table."""
         p, run = self.position, self.run
-        (rank_before, job_before) = p.resumed_at
         summary = make_summary(
-            self.meter, self.device, self.ranks.world_size, p.step,
-            (job_before, p.samples - rank_before), self.last_loss, run.gears, self.val,
+            self.meter, self.device, self.ranks.world_size, p.step, p.samples_counted,
+            self.last_loss, run.gears, self.val,
         )  # fmt: skip
         summary |= {
             **run.mfu.summary(summary["samples_per_sec_per_device"]),

@@ -29,8 +29,7 @@ def make_summary(
     val: dict[str, float | None],
 ) -> dict[str, Any]:
     """summary.json's figures (README: "What a run leaves behind"), reduced over ranks.
-    `samples`: (the job's before this start, this rank's since), so a resume on another
-    world size still counts the job's samples."""
+    `samples`: Position.samples_counted."""
     steady = meter.steady_state()
     local_peak, peak_kind = peak_memory(device)
     before, since = samples

@@ -33,8 +33,7 @@ class Position:
     epoch_batches: int = field(
         default=0, repr=False, compare=False
     )  # this rank's, from epoch_start
-    # (this rank's `samples`, the job's `trained`) when this start resumed: summary.json
-    # counts the job's samples as those before it plus every rank's since
+    # (this rank's `samples`, the job's `trained`) when this start resumed
     resumed_at: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
     # Iterable data: the stream batches (data/streams.py), whose state is part of this one
     stream: Any = field(default=None, repr=False, compare=False)
@@ -43,6 +42,14 @@ class Position:
     def epoch_samples(self) -> int:
         """The epoch's samples the whole job has taken: where a resumed run starts."""
         return self.epoch_start + self.batch * self.global_batch
+
+    @property
+    def samples_counted(self) -> tuple[int, int]:
+        """(the job's samples before this start, this rank's since): summary.json adds the
+        first to the sum over ranks of the second, so a resume on another world size
+        still counts the job's samples."""
+        rank_before, job_before = self.resumed_at
+        return job_before, self.samples - rank_before
 
     @property
     def epoch_done(self) -> bool:
