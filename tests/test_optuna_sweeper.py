@@ -16,9 +16,17 @@ import optuna
 import pytest
 import yaml
 from helpers import ROOT, seconds
+from omegaconf import OmegaConf
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+
+from gearshift.state import run_lock
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from hydra_plugins.gearshift_sweeper.report import write_report
+from hydra_plugins.gearshift_sweeper.search_space import parse_search_space
+from hydra_plugins.gearshift_sweeper.study import open_storage
+from hydra_plugins.gearshift_sweeper.sweeper import OptunaSweeper, OptunaSweeperConf
 
 TINY = (
     "hparams_search=lr_batch",
@@ -153,10 +161,10 @@ def test_the_median_pruner_stops_a_hopeless_trial_after_its_first_validations(tm
             assert summary(sweep_dir, t.number)["steps"] == 12
 
 
-def test_a_killed_sweep_continues_where_it_stopped_and_resumes_its_running_trials(tmp_path):
+def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(tmp_path):
     sweep_dir = tmp_path / "search"
     overrides = (
-        "hydra.sweeper.n_trials=4",
+        "hydra.sweeper.n_trials=3",
         "hydra.sweeper.n_jobs=2",
         "max_steps=200",
         "checkpoint.every_n_steps=10",
@@ -168,40 +176,152 @@ def test_a_killed_sweep_continues_where_it_stopped_and_resumes_its_running_trial
         env=env(tmp_path),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,  # the sweep and its trials' processes: one group to kill
+        start_new_session=True,  # the sweep and its trials: one group, to clean up
     )
     deadline = time.monotonic() + seconds(300)
     while not list(sweep_dir.glob("*/checkpoints/step_*")):  # a trial is midway
         assert first.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
         time.sleep(0.05)
-    os.killpg(first.pid, signal.SIGKILL)  # the sweep and its trials, at once, like a lost node
+    first.kill()  # the sweep alone, by SIGKILL: its trials' processes are not in the kill
     first.wait()
+    try:  # each trial noticed, stopped at its next step and saved
+        while any(run_lock.holder(run) is not None for run in sweep_dir.glob("[0-9]*")):
+            assert time.monotonic() < deadline, "a trial outlived its sweep"
+            time.sleep(0.1)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # nothing left behind should the test fail
     before = load(sweep_dir).trials
     interrupted = [t.number for t in before if t.state == TrialState.RUNNING]
     assert interrupted, [t.state for t in before]
     steps_at_kill = {}
-    for n in interrupted:
-        saved = sorted((sweep_dir / str(n) / "checkpoints").glob("step_*"))
-        if saved:
-            steps_at_kill[n] = int(saved[-1].stem.split("_")[-1])
+    for n in interrupted:  # one still building its run just ended
+        if saved := latest_checkpoint(sweep_dir / str(n) / "checkpoints"):
+            steps_at_kill[n] = int(saved.name.split("_")[-1])
+            assert "stopped by SIGTERM" in (sweep_dir / str(n) / "train.log").read_text()
     assert steps_at_kill  # at least one interrupted trial had saved
 
     again = sweep(tmp_path, *overrides)
     assert again.returncode == 0, again.stderr
     after = load(sweep_dir).trials
-    assert [t.number for t in after] == [0, 1, 2, 3]  # none lost, none duplicated
+    assert [t.number for t in after] == [0, 1, 2]  # none lost, none duplicated
     assert all(t.state == TrialState.COMPLETE for t in after)
     for t in before:  # the interrupted trials kept the values they were asked with
         assert after[t.number].params == t.params
+    # the rerun's sampler went on where the first run's stopped: no point asked twice
+    assert len({t.params["optimizer.lr"] for t in after}) == 3, [t.params for t in after]
     for n, step in steps_at_kill.items():
         log = (sweep_dir / str(n) / "train.log").read_text()
         assert f"at step {step}" in log and "resumed from" in log  # continued, not restarted
-        assert summary(sweep_dir, n)["steps"] == 200
+    for t in after:  # one writer per run folder: no checkpoint step written twice
+        log = (sweep_dir / str(t.number) / "train.log").read_text()
+        saved = [
+            line.split("checkpoint: ")[1] for line in log.splitlines() if "checkpoint: " in line
+        ]
+        assert saved and len(saved) == len(set(saved)), saved
+        assert summary(sweep_dir, t.number)["steps"] == 200
+
+
+def sweeper(tmp_path, **params) -> OptunaSweeper:
+    """The sweeper as Hydra sets it up, for its parts that need no launch."""
+    conf = OmegaConf.structured(OptunaSweeperConf(**params))
+    made = OptunaSweeper(**{k: v for k, v in conf.items() if k != "_target_"})
+    made.space = parse_search_space(
+        {"optimizer.lr": "interval(0.001, 0.5)", "batch_size": "choice(32, 64, 128, 256)"}, []
+    )
+    made.trial_node = {"storage": str(tmp_path / "study.journal"), "study": "study"}
+    return made
+
+
+def asked_points(study, made: OptunaSweeper, n: int) -> list[dict]:
+    points = []
+    for _ in range(n):  # as the sweep asks: a sampler for each trial, then the result
+        study.sampler = made.sampler_for(study)
+        trial = study.ask(made.space.distributions)
+        study.tell(trial, trial.params["optimizer.lr"] * trial.params["batch_size"])
+        points.append(trial.params)
+    return points
+
+
+@pytest.mark.parametrize("sampler", ["random", "tpe"])
+def test_a_seeded_study_continued_by_a_new_sweep_asks_what_the_uninterrupted_one_would(
+    tmp_path, sampler
+):
+    def fresh_study(name: str):  # a new sweep process: a new sweeper, the study from storage
+        made = sweeper(tmp_path, sampler=sampler, seed=3)
+        storage = open_storage(str(tmp_path / f"{name}.journal"))
+        return made, made.open_study(storage)
+
+    made, study = fresh_study("whole")
+    whole = asked_points(study, made, 6)
+    made, study = fresh_study("killed")
+    first = asked_points(study, made, 2)
+    made, study = fresh_study("killed")  # the sweep ran again
+    rest = asked_points(study, made, 4)
+    assert first + rest == whole
+    assert len({p["optimizer.lr"] for p in whole}) == 6
+
+
+def test_a_trial_whose_process_outlived_the_sweep_is_followed_to_its_result(tmp_path):
+    run_dir = tmp_path / "0"
+    ends = (
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "from gearshift.state import run_lock\n"
+        "run = Path(sys.argv[1]); run_lock.hold(run); print('held', flush=True)\n"
+        "time.sleep(1)\n"
+        "(run / 'summary.json').write_text(json.dumps({'final_loss': 0.25, 'best': {}}))\n"
+    )
+    trial = subprocess.Popen(
+        [sys.executable, "-c", ends, str(run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert trial.stdout.readline().strip() == "held"
+    made = sweeper(tmp_path)
+    made.launcher = None  # it must launch nothing: the trial runs already
+    frozen = optuna.trial.FrozenTrial(
+        number=0, state=TrialState.RUNNING, value=None, datetime_start=None,
+        datetime_complete=None, params={}, distributions={}, user_attrs={}, system_attrs={},
+        intermediate_values={}, trial_id=0,
+    )  # fmt: skip
+    waiting = made.follow(tmp_path, frozen)
+    assert waiting is not None
+    result = waiting()
+    assert trial.poll() is not None  # it waited for the trial's end
+    assert result.return_value == 0.25
+    assert made.follow(tmp_path, frozen)().return_value == 0.25  # ended: its result counts
+    (run_dir / "summary.json").unlink()
+    assert made.follow(tmp_path, frozen) is None  # neither running nor ended: launch it again
+
+
+def test_importances_over_equal_scores_say_no_parameter_changed_the_objective(tmp_path):
+    study = optuna.create_study()
+    for lr in (0.1, 0.2, 0.3):
+        study.add_trial(
+            optuna.trial.create_trial(
+                params={"optimizer.lr": lr},
+                distributions={"optimizer.lr": optuna.distributions.FloatDistribution(0.0, 1.0)},
+                value=1.0,
+            )
+        )
+    report = write_report(study, tmp_path).read_text()
+    assert "no parameter changed the objective; every completed trial scored 1" in report
+    assert not (tmp_path / "param_importances.png").exists()
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
+        (  # a searched key that names no config key
+            "+hydra.sweeper.params.optimizer.lrr=choice(1,2)",
+            "+hydra.sweeper.params.optimizer.lrr=choice(1,2): Key 'lrr'",
+        ),
+        (  # a searched key that exists, given where Hydra takes no sweep
+            "hydra.sweeper.params.optimizer.lr=choice(0.1,0.2)",
+            "search a key on the command line as optimizer.lr=choice(0.1,0.2)",
+        ),
+        (  # one the command line cannot catch: found when the sweeper composes a trial
+            "+hydra.sweeper.params.batch_sizee='choice(32,64)'",
+            "hydra.sweeper.params.batch_sizee is not allowed; no trial could set batch_sizee=32",
+        ),
         ("hydra.sweeper.sampler=annealing", "hydra.sweeper.sampler='annealing' is not allowed"),
         ("hydra.sweeper.pruner=asha", "hydra.sweeper.pruner='asha' is not allowed"),
         ("optimizer.lr=interval(0.5, 0.1)", "needs low < high"),

@@ -515,6 +515,12 @@ def test_a_killed_optuna_search_waits_for_its_live_jobs_and_relaunches_the_dead(
     wait_for(lambda: {sweep.jobs()[j] for j in others} == {"COMPLETED"}, 60, "the others to end")
     for n in (0, 1, 2):
         assert summary_of(sweep, n)["steps"] == 100
+        log = (sweep.dir / str(n) / "train.log").read_text()  # one writer: each step saved once
+        saved = [
+            line.split("checkpoint: ")[1] for line in log.splitlines() if "checkpoint: " in line
+        ]
+        assert saved and len(saved) == len(set(saved)), saved
+    assert len({t.params["optimizer.lr"] for t in trials}) == 3  # the rerun asked a new point
     log = (sweep.dir / "1" / "train.log").read_text()  # trial 1 went on from its checkpoint
     assert f"step_{step_at_kill:09d} at step {step_at_kill}" in log, log
     assert "resumed from" not in (sweep.dir / "0" / "train.log").read_text()  # never stopped

@@ -15,11 +15,13 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import IntervalSweep, Override
 from hydra.errors import HydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -28,6 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 from gearshift.config import ConfigError, check_config
 from gearshift.config.checks import locate
 from gearshift.engine.failures import TrainingFailed
+from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import CheckpointError
 from gearshift.state.preemption import TrainingStopped
 
@@ -37,6 +40,7 @@ EXIT_BAD_CONFIG = 2
 EXIT_TRAINING_FAILED = 1  # a NaN/inf loss, out of memory: one line says why and what next
 # Hydra flags after which preflight steps aside: they print, or point at other configs.
 _HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
+SEARCHED = "hydra.sweeper.params."  # the search space's keys, given on the command line
 _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun"}
 
 
@@ -49,6 +53,11 @@ def train(cfg: DictConfig) -> float:
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_name = hydra_cfg.job.override_dirname or None
     cfg.logger.group = wandb_group(cfg.logger.group, hydra_cfg)
+    if job_rank() in (None, "0"):  # the job's other ranks share its lock
+        try:
+            run_lock.hold(run_dir)  # a second process here: one line, and it leaves the folder be
+        except run_lock.RunFolderBusy as busy:
+            _exit(str(busy))
     try:
         check_config(cfg)
         # fit raises ConfigError too, before its first step, when the data is unusable
@@ -71,6 +80,8 @@ def train(cfg: DictConfig) -> float:
         if stopped.handover is not None:
             stopped.handover(stopped.signum, None)  # submitit: requeue this SLURM job, then exit
         raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
+    finally:
+        run_lock.release(run_dir)  # the next run of a sweep in this process may be here again
     return objective(summary)
 
 
@@ -130,7 +141,7 @@ def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:
 def _remove_empty_run_dir(run_dir: Path) -> None:
     """Drop a run folder that holds nothing but what Hydra wrote before the task began,
     and the folders above it (runs/, multirun/<date>/) that it leaves empty."""
-    leftovers = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log"}
+    leftovers = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log", run_lock.LOCK_FILE}
     if leftovers:
         return
     logging.shutdown()  # close train.log before removing it
@@ -168,6 +179,9 @@ def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | Non
     fixed = [o for o in fixed if _searchpath(o) or not o.lstrip("+~").startswith("hydra")]
     variants: list[tuple[list[str], str | None]] = [(fixed, None)]
     for o in parsed:
+        if o.key_or_group.startswith(SEARCHED) and (o.is_sweep_override() or "." in _searched(o)):
+            variants.append(([*fixed, f"{_searched(o)}={_a_value(o)}"], o.input_line))
+            continue
         if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
             try:
                 values = list(o.sweep_string_iterator())
@@ -177,6 +191,21 @@ def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | Non
                 line = f"{o.get_key_element()}={value}"
                 variants.append(([*fixed, line], line))
     return variants
+
+
+def _searched(override: Override) -> str:
+    """The config key a `hydra.sweeper.params.<key>` override searches."""
+    return override.key_or_group.removeprefix(SEARCHED)
+
+
+def _a_value(override: Override) -> Any:
+    """One value a search-space override names: its first choice, an interval's low end."""
+    value = override.value()
+    if isinstance(value, IntervalSweep):
+        return value.start
+    if override.is_sweep_override():
+        return next(iter(override.sweep_string_iterator()), "null")
+    return override.get_value_element_as_str()
 
 
 def _searchpath(override: str) -> bool:
@@ -218,6 +247,21 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
         multirun = any(a in ("-m", "--multirun") for a in argv)
         if problem := _output_folder_problem(config_name, overrides, multirun):
             _exit(problem)
+    if line := _searched_on_hydra_key(overrides):
+        _exit(line)
+
+
+def _searched_on_hydra_key(overrides: list[str]) -> str | None:
+    """Hydra refuses a sweep of its own config, and `hydra.sweeper.params` holds flat
+    keys only: `hydra.sweeper.params.optimizer.lr=choice(...)` cannot be given as such."""
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.key_or_group.startswith(SEARCHED) and (o.is_sweep_override() or "." in _searched(o)):
+            text = o.input_line.split("=", 1)[1]
+            return (
+                f"{o.input_line} is not allowed; search a key on the command line as "
+                f"{_searched(o)}={text} (or in an hparams_search preset's hydra.sweeper.params)"
+            )
+    return None
 
 
 def _before_cuda_starts(cfg: DictConfig) -> None:
@@ -245,6 +289,8 @@ def _output_folder_problem(config_name: str, overrides: list[str], multirun: boo
         existing = existing.parent
     if not existing.is_dir():
         return f"{key}={value!r} is not allowed; {existing} is a file, not a folder"
+    if not multirun and (pid := run_lock.holder(path)) is not None:
+        return str(run_lock.RunFolderBusy(path, pid))  # found before Hydra writes in it
     try:
         tempfile.TemporaryDirectory(dir=existing).cleanup()
     except OSError as error:
@@ -253,10 +299,15 @@ def _output_folder_problem(config_name: str, overrides: list[str], multirun: boo
     return None
 
 
-def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
-    rank = os.environ.get("RANK") or (
+def job_rank() -> str | None:
+    """This process's rank in a job of several (torchrun's RANK, srun's SLURM_PROCID)."""
+    return os.environ.get("RANK") or (
         os.environ.get("SLURM_PROCID") if int(os.environ.get("SLURM_NTASKS", "1")) > 1 else None
     )
+
+
+def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
+    rank = job_rank()
     if rank and rank != "0":
         scratch = Path(tempfile.gettempdir()) / f"gearshift-rank{rank}-{os.getpid()}"
         argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=stdout"]

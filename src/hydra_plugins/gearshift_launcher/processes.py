@@ -8,6 +8,7 @@ that measures (the gear ablation) wants both: every run alone, in its own proces
 The Optuna sweeper launches up to `n_jobs` trials at once, each from its own thread; it
 first calls `use_slots(n_jobs)`, and each trial then runs in a device slot of its own
 (slots.py: one GPU, or a disjoint set of cores, per trial).
+A job whose sweep is gone (killed by SIGKILL) stops at its next step and saves.
 Job logs go to `<sweep folder>/.submitit/`. (No `from __future__ import annotations`:
 Hydra loads plugin modules outside sys.modules, where dataclasses cannot resolve them.)
 """
@@ -16,7 +17,10 @@ import copy
 import logging
 import os
 import queue
+import select
 import shlex
+import signal
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +55,7 @@ class SequentialProcessLauncher(submitit_launcher.LocalLauncher):
         super().__init__(**params)
         self.own_setup = list(self.params.get("setup") or [])
         self.params["setup"] = keep_visible_gpus() + self.own_setup
+        self.sweep_pid = os.getpid()  # a job stops when this process (the sweep) is gone
         self.slot: Slot | None = None  # in a job: the slot it runs in
         self.free_slots: queue.Queue[Slot] | None = None  # in the sweep: slots not in use
 
@@ -86,7 +91,9 @@ class SequentialProcessLauncher(submitit_launcher.LocalLauncher):
         return launcher
 
     def __call__(self, *args: Any, **kwargs: Any) -> JobReturn:
-        if self.slot is not None:  # in the job's process, before the task runs
+        # in the job's process, before the task runs
+        stop_when_gone(self.sweep_pid)
+        if self.slot is not None:
             enter_slot(self.slot)
         return super().__call__(*args, **kwargs)
 
@@ -104,6 +111,30 @@ class SequentialProcessLauncher(submitit_launcher.LocalLauncher):
             log.info("\t#%d %s", initial_job_idx + offset, "failed" if failed else "done")
             results.append(result)
         return results
+
+
+def stop_when_gone(pid: int) -> None:
+    """Send this process SIGTERM once process `pid` (its sweep) has ended: a trial whose
+    sweep was killed (SIGKILL, a lost terminal) stops at its next step and saves, as on any
+    stop signal, instead of training on with no one waiting for it; one still building its
+    run exits (submitit's handler would let SIGTERM pass). A rerun of the sweep resumes it."""
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # the trainer's takes over while it trains
+
+    def watch() -> None:
+        try:
+            sweep = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pass  # it has ended already
+        else:
+            select.select([sweep], [], [])  # a process's pidfd is readable once it ends
+            os.close(sweep)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sweep-watch", daemon=True).start()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 @dataclass

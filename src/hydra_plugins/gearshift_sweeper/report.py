@@ -50,7 +50,7 @@ def write_report(study: Any, sweep_dir: Path, plots: bool = True) -> Path:
         row = f"| {t.number} | {t.state.name.lower()} | {params} | {value} | "
         lines.append(row + f"{_cell(steps_trained(sweep_dir, t.number))} | {pruned_at} |")
     if plots:
-        lines += ["", *write_plots(study, sweep_dir, len(complete))]
+        lines += ["", *write_plots(study, sweep_dir, complete)]
     path = sweep_dir / "study_report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -62,7 +62,7 @@ def steps_trained(sweep_dir: Path, number: int) -> int | None:
     return json.loads(summary.read_text())["steps"] if summary.is_file() else None
 
 
-def write_plots(study: Any, sweep_dir: Path, completed: int) -> list[str]:
+def write_plots(study: Any, sweep_dir: Path, complete: list[Any]) -> list[str]:
     """The plots Optuna can draw of this study; the report's lines that show them."""
     import matplotlib
 
@@ -74,8 +74,14 @@ def write_plots(study: Any, sweep_dir: Path, completed: int) -> list[str]:
     wanted = [("optimization_history", plots.plot_optimization_history, 1)]
     wanted.append(("param_importances", plots.plot_param_importances, 2))
     for name, plot, needs in wanted:
-        if completed < needs:
+        (sweep_dir / f"{name}.png").unlink(missing_ok=True)  # no stale plot of an earlier report
+        if len(complete) < needs:
             lines.append(f"({name}: needs {needs} completed trials)")
+            continue
+        if name == "param_importances" and len({t.value for t in complete}) == 1:
+            # every importance estimator splits a zero variance evenly: a chart of nothing
+            lines.append(f"({name}: no parameter changed the objective; every completed "
+                         f"trial scored {complete[0].value:.6g})")  # fmt: skip
             continue
         try:
             with warnings.catch_warnings():  # Optuna marks its matplotlib plots experimental

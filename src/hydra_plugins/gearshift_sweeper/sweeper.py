@@ -7,8 +7,12 @@
 - The study lives in a journal file, `<sweep dir>/study.journal` by default (Optuna's
   JournalStorage: a plain append-only file, fine on a shared file system). Running the same
   command with the same `hydra.sweep.dir` continues it: finished trials stay, `n_trials` is
-  the total, and a trial that was running when the sweep died is launched again under its
-  own number, in its own run folder, where `resume=auto` continues from its checkpoint.
+  the total, and the sampler's stream goes on (seeded from `seed` and the trials in the
+  storage: it never asks the points of an earlier run again). A trial that was running when
+  the sweep died is waited for while its process still holds its run folder (the run
+  folder's lock: one writer), counted when it ended with its summary.json, and otherwise
+  launched again under its own number, where `resume=auto` continues from its checkpoint.
+  (The processes launcher stops a trial whose sweep is gone at its next step, with a save.)
 - A launcher that submits jobs (hydra/launcher=slurm: `submit`, `rejoin`) gets each trial
   submitted on the sweep's thread, and the trial records its job's id (`slurm_jobs`) before
   anything waits on it; on a rerun, a trial whose job still runs (or ended with its result)
@@ -22,6 +26,7 @@ Trial number = Hydra job number = run folder name (`<sweep dir>/<number>`). (No
 `from __future__ import annotations`: Hydra loads plugin modules outside sys.modules.)
 """
 
+import json
 import logging
 import sys
 from collections.abc import Callable
@@ -69,22 +74,25 @@ class OptunaSweeper(Sweeper):
         }
         self.config: DictConfig | None = None
         self.launcher: Any = None
+        self.config_loader: Any = None
+        self.space: Any = None  # the search space, once the sweep has checked it
+        self.trial_node: dict[str, Any] = {}  # what every trial's `trial` node holds
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
     ) -> None:
         self.config = config
+        self.config_loader = hydra_context.config_loader
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
 
     def sweep(self, arguments: list[str]) -> Any:
-        import optuna
         from optuna.trial import TrialState
 
         p = self.params
         try:
-            space, journal = self.check(arguments)
+            self.space, journal = self.check(arguments)
         except (SearchSpaceError, StudyError) as error:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(EXIT_BAD_CONFIG) from None
@@ -92,62 +100,73 @@ class OptunaSweeper(Sweeper):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         storage_url = str(journal) if journal is not None else p["storage"]
         storage = open_storage(storage_url)
-        pruner_args = given(p.get("pruner_args"))
-        study = optuna.create_study(
-            study_name=p["study_name"],
-            storage=storage,
-            sampler=build_sampler(p["sampler"], p["seed"], space.grid),
-            pruner=build_pruner(p["pruner"], pruner_args),
-            direction=p["direction"],
-            load_if_exists=True,
-        )
-        study.set_user_attr(PRUNER_KEY, {"name": p["pruner"], "args": pruner_args})
-        if not study.get_trials(deepcopy=False):  # a new study: the given points first
-            for params in p.get("enqueue") or []:
-                study.enqueue_trial(params)
+        study = self.open_study(storage)
+        self.trial_node = {"storage": storage_url, "study": p["study_name"]}
         trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
         interrupted = [t for t in trials if t.state == TrialState.RUNNING]
-        n_trials = p["n_trials"]
-        if p["sampler"] == "grid" and n_trials > grid_size(space.grid):
-            n_trials = grid_size(space.grid)
-            log.info("sampler grid: %d trials, one per point of the grid", n_trials)
-        to_ask = max(n_trials - len(trials), 0)
+        to_ask = max(self.n_trials() - len(trials), 0)
         log.info(
             "study %r in %s: %d trials so far, %d to resume, %d to ask for, %d at once",
             p["study_name"], storage_url, len(trials), len(interrupted), to_ask, p["n_jobs"],
         )  # fmt: skip
-        trial_node = {"storage": storage_url, "study": p["study_name"]}
-
-        def overrides(number: int, params: dict[str, Any]) -> list[str]:
-            chosen = [f"{key}={override_value(value)}" for key, value in params.items()]
-            node = trial_node | {"number": number, "reporter": REPORTER}
-            return [*space.fixed, *chosen, *(f"trial.{k}={v}" for k, v in node.items())]
-
         failures = []
         with ThreadPoolExecutor(max_workers=p["n_jobs"], thread_name_prefix="trial") as pool:
             running: dict[Future, int] = {}
             while interrupted or to_ask or running:
                 while len(running) < p["n_jobs"] and (interrupted or to_ask):
                     if interrupted:
-                        frozen = interrupted.pop(0)
-                        number, params = frozen.number, frozen.params
-                        waiting = self.rejoin(frozen)
-                        if waiting is None:
-                            log.info(
-                                "trial %d: resumed (it was running when the sweep ended)", number
-                            )
-                            waiting = self.start(storage, number, overrides(number, params))
+                        trial = interrupted.pop(0)
+                        waiting = self.continue_trial(storage, sweep_dir, trial)
                     else:
-                        trial = study.ask(space.distributions)
-                        number, params, to_ask = trial.number, trial.params, to_ask - 1
-                        waiting = self.start(storage, number, overrides(number, params))
-                    running[pool.submit(waiting)] = number
+                        study.sampler = self.sampler_for(study)
+                        trial, to_ask = study.ask(self.space.distributions), to_ask - 1
+                        overrides = self.trial_overrides(trial.number, trial.params)
+                        waiting = self.start(storage, trial.number, overrides)
+                    running[pool.submit(waiting)] = trial.number
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     number = running.pop(future)
                     if (failure := self.tell(study, number, future)) is not None:
                         failures.append(failure)
         return self.finish(study, sweep_dir, failures)
+
+    def open_study(self, storage: Any) -> Any:
+        """The study in `storage`, created with the given points first when it is new."""
+        import optuna
+
+        p = self.params
+        pruner_args = given(p.get("pruner_args"))
+        study = optuna.create_study(
+            study_name=p["study_name"],
+            storage=storage,
+            sampler=self.sampler_for(None),
+            pruner=build_pruner(p["pruner"], pruner_args),
+            direction=p["direction"],
+            load_if_exists=True,
+        )
+        study.set_user_attr(PRUNER_KEY, {"name": p["pruner"], "args": pruner_args})
+        if not study.get_trials(deepcopy=False):
+            for params in p.get("enqueue") or []:
+                study.enqueue_trial(params)
+        return study
+
+    def n_trials(self) -> int:
+        """The study's size: `n_trials`, or the grid's when the grid sampler walks fewer."""
+        n_trials = self.params["n_trials"]
+        if self.params["sampler"] == "grid" and n_trials > grid_size(self.space.grid):
+            n_trials = grid_size(self.space.grid)
+            log.info("sampler grid: %d trials, one per point of the grid", n_trials)
+        return n_trials
+
+    def continue_trial(self, storage: Any, sweep_dir: Path, trial: Any) -> Callable[[], Any]:
+        """What waits for a trial that was running when the sweep died: its SLURM job when
+        that still runs, its process when that still holds the run folder, else the trial
+        launched again, where `resume=auto` continues from its checkpoint."""
+        waiting = self.rejoin(trial) or self.follow(sweep_dir, trial)
+        if waiting is not None:
+            return waiting
+        log.info("trial %d: resumed (it was running when the sweep ended)", trial.number)
+        return self.start(storage, trial.number, self.trial_overrides(trial.number, trial.params))
 
     def check(self, arguments: list[str]) -> tuple[Any, Path | None]:
         """Every setting, before anything is written: bad input ends the sweep with one line."""
@@ -179,7 +198,26 @@ class OptunaSweeper(Sweeper):
         journal = journal_path(p.get("storage"), Path(str(self.config.hydra.sweep.dir)))
         if journal is not None:
             check_journal_path(journal.absolute())
+        self.check_keys(space)
         return space, journal
+
+    def check_keys(self, space: Any) -> None:
+        """Every searched key names a config key (or group): a trial's config, composed the
+        way the launcher will with a value of each, or one line naming the key."""
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException
+
+        for key, distribution in space.distributions.items():
+            value = override_value(first_value(distribution))
+            try:
+                self.config_loader.load_sweep_config(self.config, [*space.fixed, f"{key}={value}"])
+            except (HydraException, OmegaConfBaseException) as error:
+                cause = error.__cause__ or error
+                reason = next((ln.strip() for ln in str(cause).splitlines() if ln.strip()), "")
+                raise SearchSpaceError(
+                    f"hydra.sweeper.params.{key} is not allowed; no trial could set "
+                    f"{key}={value}: {reason}"
+                ) from None
 
     def start(self, storage: Any, number: int, overrides: list[str]) -> Callable[[], Any]:
         """Launch trial `number`; returns what waits for its result (on a pool thread).
@@ -215,6 +253,56 @@ class OptunaSweeper(Sweeper):
             job.job_id,
         )
         return partial(first_result, job)
+
+    def trial_overrides(self, number: int, params: dict[str, Any]) -> list[str]:
+        """Trial `number`'s command line: the fixed overrides, its values, its `trial` node."""
+        chosen = [f"{key}={override_value(value)}" for key, value in params.items()]
+        node = self.trial_node | {"number": number, "reporter": REPORTER}
+        return [*self.space.fixed, *chosen, *(f"trial.{k}={v}" for k, v in node.items())]
+
+    def sampler_for(self, study: Any | None) -> Any:
+        """The sampler for the next trial: seeded from the seed and the number of trials in
+        the storage, so that a study continued after a kill asks what the uninterrupted one
+        would have, and never the points of its first run again."""
+        seed = self.params["seed"]
+        asked = 0 if study is None else len(study.get_trials(deepcopy=False))
+        seed = None if seed is None else seed + asked
+        return build_sampler(self.params["sampler"], seed, self.space.grid)
+
+    def follow(self, sweep_dir: Path, trial: Any) -> Callable[[], Any] | None:
+        """What waits for a trial that was running when the sweep died, when its process
+        still holds its run folder (a run folder has one writer) or ended with a result
+        (summary.json, written at a run's end) while no sweep waited; None when neither:
+        the trial is launched again."""
+        from gearshift.state.run_lock import holder
+
+        run_dir = sweep_dir / str(trial.number)
+        pid = holder(run_dir)
+        if pid is None and not (run_dir / "summary.json").exists():
+            return None
+        if pid is None:
+            log.info("trial %d: it ended while no sweep waited: its summary counts", trial.number)
+        else:
+            log.info("trial %d: its process %s outlived the sweep: waiting", trial.number, pid)
+        return partial(self.result_in, run_dir, trial)
+
+    def result_in(self, run_dir: Path, trial: Any) -> Any:
+        """The result of the trial whose run folder is `run_dir`, once no process holds it:
+        its summary.json's objective, or, when it stopped without one, the trial launched
+        again to resume."""
+        from hydra.core.utils import JobReturn
+
+        from gearshift.app import objective
+        from gearshift.state.run_lock import wait_until_free
+
+        wait_until_free(run_dir)
+        summary = run_dir / "summary.json"
+        if summary.exists():
+            result = JobReturn(status=JobStatus.COMPLETED)
+            result.return_value = objective(json.loads(summary.read_text()))
+            return result
+        log.info("trial %d: resumed (its process stopped before the end)", trial.number)
+        return self.launch_one(self.trial_overrides(trial.number, trial.params), trial.number)
 
     def launch_one(self, overrides: list[str], number: int) -> Any:
         """One trial through the launcher (on a pool thread): it returns when the run ends."""
@@ -271,6 +359,12 @@ def first_result(job: Any) -> Any:
     """A submitted job's JobReturn (its first task's: rank 0 of a multi-task job), when it
     ends; raises when the job died without one."""
     return job.results()[0]
+
+
+def first_value(distribution: Any) -> Any:
+    """A value `distribution` can take: its first choice, or its low end."""
+    choices = getattr(distribution, "choices", None)
+    return choices[0] if choices is not None else distribution.low
 
 
 def given(args: dict[str, Any] | None) -> dict[str, Any]:
