@@ -16,6 +16,7 @@ import optuna
 import pytest
 import yaml
 from helpers import ROOT, seconds
+from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
@@ -232,6 +233,29 @@ def sweeper(tmp_path, **params) -> OptunaSweeper:
     return made
 
 
+HOLD_UNTIL_KILLED = """
+import sys, time
+from pathlib import Path
+from gearshift.state import run_lock
+run_lock.hold(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def running_trial(number: int, params: dict) -> optuna.trial.FrozenTrial:
+    """A trial as a rerun finds it in the storage: running when the sweep died."""
+    distributions = {
+        "optimizer.lr": optuna.distributions.FloatDistribution(0.001, 0.5),
+        "batch_size": optuna.distributions.CategoricalDistribution([32, 64, 128, 256]),
+    }
+    return optuna.trial.FrozenTrial(
+        number=number, state=TrialState.RUNNING, value=None, datetime_start=None,
+        datetime_complete=None, params=params, distributions={k: distributions[k] for k in params},
+        user_attrs={}, system_attrs={}, intermediate_values={}, trial_id=number,
+    )  # fmt: skip
+
+
 def asked_points(study, made: OptunaSweeper, n: int) -> list[dict]:
     points = []
     for _ in range(n):  # as the sweep asks: a sampler for each trial, then the result
@@ -277,11 +301,7 @@ def test_a_trial_whose_process_outlived_the_sweep_is_followed_to_its_result(tmp_
     assert trial.stdout.readline().strip() == "held"
     made = sweeper(tmp_path)
     made.launcher = None  # it must launch nothing: the trial runs already
-    frozen = optuna.trial.FrozenTrial(
-        number=0, state=TrialState.RUNNING, value=None, datetime_start=None,
-        datetime_complete=None, params={}, distributions={}, user_attrs={}, system_attrs={},
-        intermediate_values={}, trial_id=0,
-    )  # fmt: skip
+    frozen = running_trial(0, {})
     waiting = made.follow(tmp_path, frozen)
     assert waiting is not None
     result = waiting()
@@ -290,6 +310,31 @@ def test_a_trial_whose_process_outlived_the_sweep_is_followed_to_its_result(tmp_
     assert made.follow(tmp_path, frozen)().return_value == 0.25  # ended: its result counts
     (run_dir / "summary.json").unlink()
     assert made.follow(tmp_path, frozen) is None  # neither running nor ended: launch it again
+
+
+def test_asked_to_stop_a_live_trial_the_rerun_stops_it_and_launches_it_to_resume(tmp_path):
+    run_dir = tmp_path / "0"
+    holding = subprocess.Popen(
+        [sys.executable, "-c", HOLD_UNTIL_KILLED, str(run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert holding.stdout.readline().strip() == "held"
+    made = sweeper(tmp_path, live_trials="stop")
+    launched = []
+
+    class Launcher:  # records what the sweeper launches, in place of a process per trial
+        def launch(self, job_overrides, initial_job_idx):
+            launched.append((initial_job_idx, list(job_overrides[0])))
+            result = JobReturn(status=JobStatus.COMPLETED)
+            result.return_value = 0.5
+            return [result]
+
+    made.launcher = Launcher()
+    frozen = running_trial(0, {"optimizer.lr": 0.1, "batch_size": 32})
+    result = made.follow(tmp_path, frozen)()
+    assert holding.wait(timeout=seconds(30)) == -signal.SIGTERM  # stopped, by its stop signal
+    assert result.return_value == 0.5
+    [(number, overrides)] = launched  # launched again, once, with its own values
+    assert number == 0 and "optimizer.lr=0.1" in overrides and "trial.number=0" in overrides
 
 
 def test_importances_over_equal_scores_say_no_parameter_changed_the_objective(tmp_path):
@@ -322,6 +367,7 @@ def test_importances_over_equal_scores_say_no_parameter_changed_the_objective(tm
             "+hydra.sweeper.params.batch_sizee='choice(32,64)'",
             "hydra.sweeper.params.batch_sizee is not allowed; no trial could set batch_sizee=32",
         ),
+        ("hydra.sweeper.live_trials=kill", "hydra.sweeper.live_trials='kill' is not allowed"),
         ("hydra.sweeper.sampler=annealing", "hydra.sweeper.sampler='annealing' is not allowed"),
         ("hydra.sweeper.pruner=asha", "hydra.sweeper.pruner='asha' is not allowed"),
         ("optimizer.lr=interval(0.5, 0.1)", "needs low < high"),

@@ -28,6 +28,8 @@ Trial number = Hydra job number = run folder name (`<sweep dir>/<number>`). (No
 
 import json
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -60,6 +62,7 @@ from hydra_plugins.gearshift_sweeper.study_reporter import PRUNED_AT
 log = logging.getLogger(__name__)
 
 DIRECTIONS = ("minimize", "maximize")
+LIVE_TRIALS = ("wait", "stop")  # what a rerun does with a trial whose process still runs
 EXIT_BAD_CONFIG = 2
 REPORTER = "hydra_plugins.gearshift_sweeper.study_reporter.OptunaReporter"
 SLURM_JOBS = "slurm_jobs"  # a trial's user attribute: the ids of the SLURM jobs it had
@@ -181,6 +184,11 @@ class OptunaSweeper(Sweeper):
                 f"hydra.sweeper.direction={p['direction']!r} is not allowed; choose one of: "
                 f"{', '.join(DIRECTIONS)}"
             )
+        if p["live_trials"] not in LIVE_TRIALS:
+            raise StudyError(
+                f"hydra.sweeper.live_trials={p['live_trials']!r} is not allowed; choose one of: "
+                f"{', '.join(LIVE_TRIALS)}"
+            )
         for key in ("n_trials", "n_jobs"):
             if not isinstance(p[key], int) or p[key] < 1:
                 raise StudyError(f"hydra.sweeper.{key}={p[key]!r} is not allowed; an integer >= 1")
@@ -282,6 +290,9 @@ class OptunaSweeper(Sweeper):
             return None
         if pid is None:
             log.info("trial %d: it ended while no sweep waited: its summary counts", trial.number)
+        elif self.params["live_trials"] == "stop":
+            log.info("trial %d: its process %s outlived the sweep: stopping it", trial.number, pid)
+            os.kill(pid, signal.SIGTERM)  # it saves at its next step; launched again, it resumes
         else:
             log.info("trial %d: its process %s outlived the sweep: waiting", trial.number, pid)
         return partial(self.result_in, run_dir, trial)
@@ -409,6 +420,9 @@ class OptunaSweeperConf:
     storage: str | None = None
     n_trials: int = 20  # in all, counting the trials of earlier runs of the same study
     n_jobs: int = 1  # trials at once (each in its own process or job: launcher processes/slurm)
+    # a rerun finds a trial's process of an earlier sweep still running: wait for its result,
+    # or stop it (SIGTERM: it saves) and launch it again to resume
+    live_trials: str = "wait"
     sampler: str = "tpe"  # tpe | random | grid | cmaes | gp
     seed: int | None = 0  # the sampler's
     pruner: str = "none"  # none | median | successive_halving | hyperband
