@@ -174,3 +174,63 @@ def test_a_bad_value_inside_a_sweep_stops_the_sweep_before_it_starts(tmp_path):
         == "error: amp='onn' is not allowed; choose one of: bf16, fp16, off, on"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+class ModelWithDelay(torch.nn.Module):
+    """One's own model, with an argument its config node does not list."""
+
+    def __init__(self, num_classes: int, delay: float = 0.0) -> None:
+        super().__init__()
+        self.head, self.delay = torch.nn.LazyLinear(num_classes), delay
+
+
+UNKNOWN_KEYS = [
+    (
+        "model._target_=test_config.ModelWithDelay model.delay=0.3",
+        "model.delay=0.3 is not allowed; the model node has no key 'delay'; its keys: "
+        "checkpointing, init_from, init_strict, num_classes; to pass an argument "
+        "test_config.ModelWithDelay accepts, add it: +model.delay=0.3",
+    ),
+    (
+        "experiment=lm model.n_layr=2",
+        "model.n_layr=2 is not allowed; the model node has no key 'n_layr'; closest: n_layer; "
+        "gearshift.models.GPT takes no argument 'n_layr'",
+    ),
+    (  # a key below one that is not there: the whole override goes behind the +
+        "model._target_=test_config.ModelWithDelay model.delay.x=1",
+        "model.delay.x=1 is not allowed; the model node has no key 'delay'; its keys: "
+        "checkpointing, init_from, init_strict, num_classes; to pass an argument "
+        "test_config.ModelWithDelay accepts, add it: +model.delay.x=1",
+    ),
+    (  # a node of the schema: its keys are fixed, so no + to suggest
+        "amp.enabeld=1",
+        "amp.enabeld=1 is not allowed; the amp node has no key 'enabeld'; its keys: dtype",
+    ),
+    ("fooo=1", "fooo=1 is not allowed; the config has no key 'fooo'; its keys: accum, amp,"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), UNKNOWN_KEYS)
+def test_an_unknown_key_names_its_node_the_closest_keys_and_how_to_add_one(
+    tmp_path, monkeypatch, capsys, override, message
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        preflight(CONF, argv=override.split())
+    assert exit.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
+    assert "not in struct" not in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_key_is_one_line_from_train_py(tmp_path):
+    # the issue's command: train.py's own path, Hydra's multi-line error turned into a line
+    result = run_train("model.delay=0.3", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: model.delay=0.3 is not allowed; the model node has no key 'delay'; its keys: "
+        "checkpointing, init_from, init_strict, num_classes; to pass an argument "
+        "torchvision.models.resnet18 accepts, add it: +model.delay=0.3"
+    ]
+    assert list(tmp_path.iterdir()) == []
