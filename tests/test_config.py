@@ -10,6 +10,7 @@ from helpers import CONF, make_cfg, run_train
 
 from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
+from gearshift.trainer import fit
 
 
 def test_defaults_are_the_plain_baseline():
@@ -234,3 +235,47 @@ def test_an_unknown_key_is_one_line_from_train_py(tmp_path):
         "torchvision.models.resnet18 accepts, add it: +model.delay=0.3"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def vectors(num_samples: int = 64, features: int = 12):
+    """A source without images: (features,) vectors and 3 classes."""
+    from torch.utils.data import TensorDataset
+
+    x = torch.randn(num_samples, features, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return TensorDataset(x, y), TensorDataset(x[:16], y[:16])
+
+
+def vectors_cfg(*overrides: str):
+    """The default config (classification, model=mlp) on `vectors`, with `overrides`."""
+    from omegaconf import OmegaConf
+
+    cfg = make_cfg("model=mlp", "logger=none", "progress_bar=false", "max_steps=2", *overrides,
+                   tiny=False)  # fmt: skip
+    cfg.data = OmegaConf.create({"_target_": "test_config.vectors"})  # in place of the images
+    return cfg
+
+
+def test_a_source_without_images_is_told_the_default_tasks_two_keys():
+    cfg = vectors_cfg("model.in_shape=[12]", "model.num_classes=3")
+    with pytest.raises(ConfigError) as error:
+        check_config(cfg)
+    assert str(error.value) == (
+        "task.num_classes='${data.num_classes}' is not allowed; data.num_classes does not exist "
+        "in this config; a source without images sets task.num_classes=N and "
+        "task.input_shape=[...] (one sample's inputs' shape, e.g. [12])"
+    )
+
+
+def test_inputs_of_another_shape_than_task_input_shape_are_one_line_before_training(tmp_path):
+    keys = ("model.in_shape=[12]", "model.num_classes=3", "task.num_classes=3")
+    with pytest.raises(ConfigError) as error:  # was a matmul traceback in the FLOP count
+        fit(vectors_cfg(*keys, "task.input_shape=[3,8,8]"), tmp_path / "wrong")
+    assert str(error.value) == (
+        "task.input_shape=[3, 8, 8] is not allowed; the samples' inputs are shaped [12]: set "
+        "task.input_shape=[12] (the default follows the image keys data.channels and "
+        "data.image_size, which a source without images lacks)"
+    )
+    assert not (tmp_path / "wrong" / "checkpoints").exists()
+    summary = fit(vectors_cfg(*keys, "task.input_shape=[12]"), tmp_path / "right").summary
+    assert summary["steps"] == 2 and "val_accuracy" in summary

@@ -465,6 +465,17 @@ def _check_resume(resume: str | None) -> None:
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
 
 
+# The data keys of image sources that conf/task/classification.yaml and the image models
+# read; a source without them gives the task (and model) their values itself.
+IMAGE_KEYS = ("data.num_classes", "data.channels", "data.image_size")
+IMAGE_KEYS_HINTS = {
+    "task": "task.num_classes=N and task.input_shape=[...] (one sample's inputs' shape, e.g. [12])",
+    "model.num_classes": "model.num_classes=N",
+    "model.in_shape": "model.in_shape=[...] (one sample's inputs' shape)",
+    "model.in_channels": "model.in_channels=N",
+}
+
+
 def _check_resolves(cfg: DictConfig, group: str) -> None:
     """A model or task that reads a key the data lacks (model=gpt on image data) fails here,
     not with a traceback once the run folder exists."""
@@ -478,6 +489,9 @@ def _check_resolves(cfg: DictConfig, group: str) -> None:
             hint = ""
             if missing in ("data.vocab_size", "data.block_size"):
                 hint = " (token data has it: data=synthetic_tokens or data=tokens)"
+            elif missing in IMAGE_KEYS:  # the default task's and models' nodes follow images
+                name = group if group == "task" else f"{group}.{key}"  # both of the task's
+                hint = f"; a source without images sets {IMAGE_KEYS_HINTS.get(name, f'{name}=...')}"
             _fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
 
 
