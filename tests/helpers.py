@@ -87,14 +87,18 @@ def task_of(cfg: DictConfig) -> Task:
     return build_task(cfg.task)
 
 
-def run_train(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python train.py ARGS` in `cwd` (where its runs/ folder goes); `timeout` gets scaled."""
+def run_train(
+    *args: str, cwd: Path, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` in `cwd` (where its runs/ folder goes); `timeout` gets scaled;
+    `env`: variables set on top of this process's."""
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=seconds(timeout),
+        env={**os.environ, **env} if env else None,
     )
 
 

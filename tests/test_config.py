@@ -10,6 +10,7 @@ from helpers import CONF, make_cfg, run_train
 
 from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
+from gearshift.trainer import fit
 
 
 def test_defaults_are_the_plain_baseline():
@@ -174,3 +175,107 @@ def test_a_bad_value_inside_a_sweep_stops_the_sweep_before_it_starts(tmp_path):
         == "error: amp='onn' is not allowed; choose one of: bf16, fp16, off, on"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+class ModelWithDelay(torch.nn.Module):
+    """One's own model, with an argument its config node does not list."""
+
+    def __init__(self, num_classes: int, delay: float = 0.0) -> None:
+        super().__init__()
+        self.head, self.delay = torch.nn.LazyLinear(num_classes), delay
+
+
+UNKNOWN_KEYS = [
+    (
+        "model._target_=test_config.ModelWithDelay model.delay=0.3",
+        "model.delay=0.3 is not allowed; the model node has no key 'delay'; its keys: "
+        "checkpointing, init_from, init_strict, num_classes; to pass an argument "
+        "test_config.ModelWithDelay accepts, add it: +model.delay=0.3",
+    ),
+    (
+        "experiment=lm model.n_layr=2",
+        "model.n_layr=2 is not allowed; the model node has no key 'n_layr'; closest: n_layer; "
+        "gearshift.models.GPT takes no argument 'n_layr'",
+    ),
+    (  # a key below one that is not there: the whole override goes behind the +
+        "model._target_=test_config.ModelWithDelay model.delay.x=1",
+        "model.delay.x=1 is not allowed; the model node has no key 'delay'; its keys: "
+        "checkpointing, init_from, init_strict, num_classes; to pass an argument "
+        "test_config.ModelWithDelay accepts, add it: +model.delay.x=1",
+    ),
+    (  # a node of the schema: its keys are fixed, so no + to suggest
+        "amp.enabeld=1",
+        "amp.enabeld=1 is not allowed; the amp node has no key 'enabeld'; its keys: dtype",
+    ),
+    ("fooo=1", "fooo=1 is not allowed; the config has no key 'fooo'; its keys: accum, amp,"),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), UNKNOWN_KEYS)
+def test_an_unknown_key_names_its_node_the_closest_keys_and_how_to_add_one(
+    tmp_path, monkeypatch, capsys, override, message
+):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        preflight(CONF, argv=override.split())
+    assert exit.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), lines
+    assert "not in struct" not in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_key_is_one_line_from_train_py(tmp_path):
+    # the issue's command: train.py's own path, Hydra's multi-line error turned into a line
+    result = run_train("model.delay=0.3", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: model.delay=0.3 is not allowed; the model node has no key 'delay'; its keys: "
+        "checkpointing, init_from, init_strict, num_classes; to pass an argument "
+        "torchvision.models.resnet18 accepts, add it: +model.delay=0.3"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def vectors(num_samples: int = 64, features: int = 12):
+    """A source without images: (features,) vectors and 3 classes."""
+    from torch.utils.data import TensorDataset
+
+    x = torch.randn(num_samples, features, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+    return TensorDataset(x, y), TensorDataset(x[:16], y[:16])
+
+
+def vectors_cfg(*overrides: str):
+    """The default config (classification, model=mlp) on `vectors`, with `overrides`."""
+    from omegaconf import OmegaConf
+
+    cfg = make_cfg("model=mlp", "logger=none", "progress_bar=false", "max_steps=2", *overrides,
+                   tiny=False)  # fmt: skip
+    cfg.data = OmegaConf.create({"_target_": "test_config.vectors"})  # in place of the images
+    return cfg
+
+
+def test_a_source_without_images_is_told_the_default_tasks_two_keys():
+    cfg = vectors_cfg("model.in_shape=[12]", "model.num_classes=3")
+    with pytest.raises(ConfigError) as error:
+        check_config(cfg)
+    assert str(error.value) == (
+        "task.num_classes='${data.num_classes}' is not allowed; data.num_classes does not exist "
+        "in this config; a source without images sets task.num_classes=N and "
+        "task.input_shape=[...] (one sample's inputs' shape, e.g. [12])"
+    )
+
+
+def test_inputs_of_another_shape_than_task_input_shape_are_one_line_before_training(tmp_path):
+    keys = ("model.in_shape=[12]", "model.num_classes=3", "task.num_classes=3")
+    with pytest.raises(ConfigError) as error:  # was a matmul traceback in the FLOP count
+        fit(vectors_cfg(*keys, "task.input_shape=[3,8,8]"), tmp_path / "wrong")
+    assert str(error.value) == (
+        "task.input_shape=[3, 8, 8] is not allowed; the samples' inputs are shaped [12]: set "
+        "task.input_shape=[12] (the default follows the image keys data.channels and "
+        "data.image_size, which a source without images lacks)"
+    )
+    assert not (tmp_path / "wrong" / "checkpoints").exists()
+    summary = fit(vectors_cfg(*keys, "task.input_shape=[12]"), tmp_path / "right").summary
+    assert summary["steps"] == 2 and "val_accuracy" in summary

@@ -208,13 +208,41 @@ def test_torchrun_leaves_one_run_folder_with_world_size_2(tmp_path):
     assert summary["samples"] == 20 * 2 * 64
 
 
+def left_in(temporary: Path) -> list[str]:
+    """What a run left in its system temporary folder (TMPDIR), but for torch's compile
+    cache, which every run, one process too, keeps there for the next."""
+    return sorted(p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_"))
+
+
 def test_nproc_per_node_starts_the_ranks_itself(tmp_path):
+    temporary = tmp_path / "tmp"  # the run's system temporary folder
+    temporary.mkdir()
     result = run_train(
-        "distributed.nproc_per_node=2", "model=mlp", *TINY_CLI, "max_steps=20", cwd=tmp_path
-    )
+        "distributed.nproc_per_node=2", "model=mlp", *TINY_CLI, "max_steps=20",
+        cwd=tmp_path, env={"TMPDIR": str(temporary)},
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     summary = only_summary(tmp_path)
     assert summary["world_size"] == 2 and summary["steps"] == 20
+    assert left_in(temporary) == []  # once a torchelastic_* folder per run
+
+
+def with_tests_on_the_path() -> str:
+    """PYTHONPATH with tests/ on it, for train.py to import tests/injected.py."""
+    return os.pathsep.join([str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
+def test_ranks_that_fail_leave_nothing_in_the_temporary_folder(tmp_path):
+    # a failed rank's pytorch-errorfile-*.pickle stayed, besides the torchelastic_* folder
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    result = run_train(
+        "distributed.nproc_per_node=2", "model=mlp", *TINY_CLI, "max_steps=4",
+        "task._target_=injected.NaNLossAt", "+task.at_step=1",
+        cwd=tmp_path, env={"TMPDIR": str(temporary), "PYTHONPATH": with_tests_on_the_path()},
+    )  # fmt: skip
+    assert result.returncode != 0 and "non-finite loss" in result.stderr, result.stderr[-3000:]
+    assert left_in(temporary) == []
 
 
 def test_a_multirun_sweep_runs_each_job_as_2_rank_ddp(tmp_path):

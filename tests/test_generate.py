@@ -237,3 +237,32 @@ def test_samples_under_2_ranks_are_logged_once_by_rank_0(tmp_path, strategy):
     ]
     # synthetic tokens have no vocabulary: ids, the prompt (id 0) and 5 new ones
     assert all(len(text.split()) == 6 and text.split()[0] == "0" for _, _, text in rows)
+
+
+def test_the_default_prompt_works_for_experiment_lm_and_a_text_without_newlines(tmp_path, capsys):
+    # the commands: `train.py experiment=lm`, then generate without prompt= (once
+    # "\n", which synthetic token ids and a table without newlines cannot encode)
+    (tmp_path / "text.txt").write_text("the cat sees a dog " * 40)  # no newline anywhere
+    prepare_text.prepare(tmp_path / "text.txt", tmp_path / "tokens")
+    for name, data in (
+        ("embedded", []),
+        ("text", ["data=tokens", f"data.path={tmp_path / 'tokens'}", "data.block_size=16"]),
+    ):
+        cfg = make_cfg("experiment=lm", "logger=none", "progress_bar=false", "max_steps=1",
+                       "model.n_layer=1", "model.n_embd=32", *data, tiny=False)  # fmt: skip
+        fit(cfg, tmp_path / name)
+        checkpoint = latest_checkpoint(tmp_path / name / "checkpoints")
+        assert generate_cli.main([f"resume={checkpoint}", "max_new_tokens=8"]) == 0
+        captured = capsys.readouterr()
+        assert captured.err == "", captured.err
+        first = " " if name == "text" else "0 "  # id 0: the table's first character, or "0"
+        assert captured.out.startswith(first) and len(captured.out) > len(first) + 1
+        assert generate_cli.main([f"resume={checkpoint}", "prompt=the zebra", "max_new_tokens=8"]) == 2  # fmt: skip
+        lines = capsys.readouterr().err.strip().splitlines()
+        if name == "text":  # the characters the table lacks, each once
+            assert lines == [
+                "error: prompt='the zebra' is not allowed; the text holds characters the table "
+                "lacks: 'zbr' (its 10 characters: ' acdeghost')"
+            ]
+        else:
+            assert len(lines) == 1 and "give token ids below 64" in lines[0], lines

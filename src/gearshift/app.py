@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
 from gearshift.config.checks import locate
+from gearshift.config.unknown_keys import describe_unknown_key
 from gearshift.engine.failures import TrainingFailed
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import CheckpointError
@@ -166,6 +167,8 @@ def describe_error(error: Exception, override: str | None, overrides: Sequence[s
         if options:
             return f"{group}={value!r} is not allowed; choose one of: {', '.join(options)}"
     cause = error.__cause__ or error
+    if unknown := describe_unknown_key(cause, [*overrides, *([override] if override else [])]):
+        return unknown
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     first = lines[0] if lines else type(error).__name__
     return f"{override}: {first}" if override else first

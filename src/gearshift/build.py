@@ -26,6 +26,7 @@ from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, to_device
 from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
+from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets
 from gearshift.data.streams import stream_length, stream_position
 from gearshift.engine.ema import EMA, build_ema
@@ -166,6 +167,7 @@ def build_parts(
     train_set, val_set = build_datasets(cfg.data, device)  # tips 1, 4, 6: where data lives
     read = FieldReader(task, cfg.data.get("fields"))  # dict samples: which fields the task reads
     read.check(train_set)  # a sample the task cannot read: one line, before any work
+    check_input_shape(cfg.task, task, read, train_set)  # and inputs of another shape
     resumed_size = saved.config.get("batch_size") if saved else None
     cfg, batch_choice = resolve_batch_size(  # tip 10: batch_size=auto fills the memory
         cfg, task, device, precision.dtype, memory_format, stream_length(train_set), resumed_size

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -35,8 +36,11 @@ from torch import nn
 from gearshift.app import EXIT_BAD_CONFIG, culprit, default_config_dir, describe_error
 from gearshift.build import build_parts
 from gearshift.config import ConfigError, check_config
+from gearshift.config.checks import RUN_PARTS
 from gearshift.config.schema import Config
+from gearshift.engine.ema import build_ema
 from gearshift.engine.runtime import resolve_device
+from gearshift.models.factory import build_model
 from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import CheckpointError, load_checkpoint
@@ -117,7 +121,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
             f"resume={str(path)!r}: the checkpoint was trained for another task "
             f"({trained_for}), not {now}"
         )
-    check_config(cfg)
+    check_config(cfg, uses=RUN_PARTS - {"trainer"})  # validation runs without the Trainer
     device = resolve_device(cfg.device)
     parts = build_parts(cfg, Ranks(), "none", device)
     if parts.val_batches is None:
@@ -147,21 +151,23 @@ def load_model(
     path: Path, overrides: list[str], config_dir: Path, raw: bool = False
 ) -> tuple[nn.Module, DictConfig]:
     """The checkpoint's model (its weight average unless `raw`), built from its config and
-    `overrides` as training built it, on its device in eval mode; and that config."""
+    `overrides` as training built it, on its device in eval mode; and that config. Only
+    the model is built (for export and generate): not the task, data or trainer."""
     checkpoint = load_checkpoint(path, parts=("model", "ema"))
     cfg = evaluation_config(checkpoint["config"], overrides, config_dir)
     cfg.model.checkpointing = False  # a gear of training; the model is used as it is
-    check_config(cfg)
+    check_config(cfg, uses=frozenset({"model"}))
     device = resolve_device(cfg.device)
-    parts = build_parts(cfg, Ranks(), "none", device)
+    channels_last = cfg.memory_format.channels_last
+    model = build_model(cfg.model, device, torch.channels_last if channels_last else torch.contiguous_format)  # fmt: skip
+    ema = build_ema(cfg.ema, model)
     saved = Saved(path, checkpoint)
-    load_parts(saved, {"model": ModelState(parts.model)})
-    model = parts.model
-    if not raw and parts.ema is not None and checkpoint.get("ema") is not None:
-        load_parts(saved, {"ema": parts.ema})
-        model = parts.ema.model
+    load_parts(saved, {"model": ModelState(model)})
+    if not raw and ema is not None and checkpoint.get("ema") is not None:
+        load_parts(saved, {"ema": ema})
+        model = ema.model
         log.info("the weight average (ema.decay); --raw: the trained weights")
-    return model.eval(), parts.cfg
+    return model.eval(), cfg
 
 
 # What a command line can get wrong: a value, a checkpoint, an override that does not parse.

@@ -12,6 +12,8 @@ The model is built from the checkpoint's config as evaluate.py builds it (build.
 prompt is encoded and the samples decoded with the token folder's vocabulary
 (`data=tokens`: meta.json/meta.pkl characters, or GPT-2's byte pairs through tiktoken);
 data without one (`data=synthetic_tokens`) takes and prints token ids (`prompt="3 14 15"`).
+Without `prompt=`, the samples start from the vocabulary's first token (id 0), as the
+task's samples do with `task.sample_prompt=null`: every data has it.
 Other `key=value` arguments are config overrides (`device=cpu`, `amp=bf16`).
 
 Bad input (a prompt with characters outside the vocabulary, a checkpoint of another
@@ -25,6 +27,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import DictConfig
 
@@ -42,7 +45,7 @@ log = logging.getLogger("gearshift.generate")
 class Options:
     """The sampling keys of the command line (the others are config overrides)."""
 
-    prompt: str = "\n"
+    prompt: str | None = None  # None: the vocabulary's first token, which every data has
     max_new_tokens: int = 100
     temperature: float = 1.0  # zero: greedy
     top_k: int | None = None
@@ -102,8 +105,10 @@ def sample(
     """`options.num_samples` continuations of the prompt, decoded (the prompt included)."""
     model, cfg = load_gpt(path, overrides, config_dir, raw)
     codec = codec_for(cfg.data)
+    # as task.sample_prompt=null: "\n" is not in every vocabulary (nor are ids in text's)
+    prompt = np.zeros(1, dtype=np.int64) if options.prompt is None else None
     try:
-        prompt = codec.encode(options.prompt)
+        prompt = codec.encode(options.prompt) if prompt is None else prompt
     except ValueError as error:
         raise ConfigError(f"prompt={options.prompt!r} is not allowed; {error}") from None
     if len(prompt) == 0:

@@ -40,13 +40,34 @@ def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[s
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # Like torchrun: without a setting of the user's, ranks split the CPUs instead of each
+    # starting a thread per core (which oversubscribes them, many times slower).
+    nproc = cfg.distributed.nproc_per_node
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // nproc)))
+    with (
+        tempfile.TemporaryDirectory(prefix="gearshift-launch-") as scratch,
+        _temporary_files_in(scratch),  # torch elastic's log folder and error files too
+        _quiet_shutdown(),
+    ):
+        stop_note = Path(scratch) / "stopped.json"  # rank 0 writes it when it stops
+        config = _launch_config(cfg, LaunchConfig)
+        try:
+            results = elastic_launch(config, run_rank)(cfg, str(run_dir), run_name, str(stop_note))
+        except SignalException as signalled:
+            raise stopped_ranks(signalled.sigval, stop_note, run_dir) from None
+    return results[0]
+
+
+def _launch_config(cfg: DictConfig, launch_config: type) -> Any:
+    """torch elastic's LaunchConfig for this machine's ranks (made where its default log
+    folder, a torchelastic_* made on creation, is to go)."""
     # A stopped rank first reaches the next log step, where the ranks agree to stop, then
     # saves: give it as long as a collective may wait before the launcher kills it.
     # (Older torch has neither field: it passes on TERM, INT, HUP, QUIT and waits 30 s.)
     stopping = {"signals_to_handle": ",".join(FORWARDED_SIGNALS)}
     stopping["shutdown_timeout"] = cfg.distributed.timeout_s
-    known = {field.name for field in dataclasses.fields(LaunchConfig)}
-    config = LaunchConfig(
+    known = {field.name for field in dataclasses.fields(launch_config)}
+    return launch_config(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=cfg.distributed.nproc_per_node,
@@ -57,16 +78,21 @@ def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[s
         monitor_interval=0.5,
         **{key: value for key, value in stopping.items() if key in known},
     )
-    # Like torchrun: without a setting of the user's, ranks split the CPUs instead of each
-    # starting a thread per core (which oversubscribes them, many times slower).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // config.nproc_per_node)))
-    with tempfile.TemporaryDirectory(prefix="gearshift-launch-") as scratch, _quiet_shutdown():
-        stop_note = Path(scratch) / "stopped.json"  # rank 0 writes it when it stops
-        try:
-            results = elastic_launch(config, run_rank)(cfg, str(run_dir), run_name, str(stop_note))
-        except SignalException as signalled:
-            raise stopped_ranks(signalled.sigval, stop_note, run_dir) from None
-    return results[0]
+
+
+@contextlib.contextmanager
+def _temporary_files_in(folder: str) -> Iterator[None]:
+    """While inside, this process's temporary files go to `folder`, so they go when it
+    does: torch elastic's torchelastic_* log folder and torch spawn's
+    pytorch-errorfile-*.pickle per rank (a failed rank's stays), which it would leave in
+    the system's temporary folder. The ranks keep theirs (torch's compile cache stays
+    where every run finds it)."""
+    before = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = before
 
 
 def stopped_ranks(signum: int, stop_note: Path, run_dir: Path) -> TrainingStopped:

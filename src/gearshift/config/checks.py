@@ -465,6 +465,17 @@ def _check_resume(resume: str | None) -> None:
         _fail("resume", resume, "no such checkpoint file; give a checkpoint's path, auto or null")
 
 
+# The data keys of image sources that conf/task/classification.yaml and the image models
+# read; a source without them gives the task (and model) their values itself.
+IMAGE_KEYS = ("data.num_classes", "data.channels", "data.image_size")
+IMAGE_KEYS_HINTS = {
+    "task": "task.num_classes=N and task.input_shape=[...] (one sample's inputs' shape, e.g. [12])",
+    "model.num_classes": "model.num_classes=N",
+    "model.in_shape": "model.in_shape=[...] (one sample's inputs' shape)",
+    "model.in_channels": "model.in_channels=N",
+}
+
+
 def _check_resolves(cfg: DictConfig, group: str) -> None:
     """A model or task that reads a key the data lacks (model=gpt on image data) fails here,
     not with a traceback once the run folder exists."""
@@ -478,6 +489,9 @@ def _check_resolves(cfg: DictConfig, group: str) -> None:
             hint = ""
             if missing in ("data.vocab_size", "data.block_size"):
                 hint = " (token data has it: data=synthetic_tokens or data=tokens)"
+            elif missing in IMAGE_KEYS:  # the default task's and models' nodes follow images
+                name = group if group == "task" else f"{group}.{key}"  # both of the task's
+                hint = f"; a source without images sets {IMAGE_KEYS_HINTS.get(name, f'{name}=...')}"
             _fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
 
 
@@ -533,11 +547,20 @@ def _check_model_takes_tokens(cfg: DictConfig) -> None:
             _fail(f"model.{key}", has, f"{what} data.{key}={wanted} {unit}: expected >= {wanted}")
 
 
-def check_config(cfg: DictConfig) -> None:
-    """Raise ConfigError (one line) for the first value that is not allowed."""
+# The parts of a run that check_config imports and checks: all of them for training;
+# `evaluate` leaves out the trainer, `export` and `generate` use the model alone, so a
+# trainer, task or source of the run's own package need not import where they run.
+RUN_PARTS = frozenset({"model", "task", "data", "trainer"})
+
+
+def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
+    """Raise ConfigError (one line) for the first value that is not allowed, among the
+    keys of the parts in `uses` and those every part reads."""
     for key, what in (("model", "model class or function"), ("task", "task class")):
-        _check_importable(f"{key}._target_", OmegaConf.select(cfg, f"{key}._target_"), what)
-    _check_trainer(cfg.trainer)
+        if key in uses:
+            _check_importable(f"{key}._target_", OmegaConf.select(cfg, f"{key}._target_"), what)
+    if "trainer" in uses:
+        _check_trainer(cfg.trainer)
     _check_choice(cfg, "amp.dtype", AMP_DTYPES)
     _check_choice(cfg, "compile.mode", COMPILE_MODES)
     _check_switch(cfg, "compile.enabled", COMPILE_ENABLED)
@@ -560,11 +583,14 @@ def check_config(cfg: DictConfig) -> None:
     _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
     _check_profile(cfg)
     _check_distributed(cfg)
-    _check_dataloader(cfg)
-    _check_data(cfg)
+    if "data" in uses:
+        _check_dataloader(cfg)
+        _check_data(cfg)
     _check_resolves(cfg, "model")  # after the data's own checks: they name its files
-    _check_resolves(cfg, "task")
+    if "task" in uses:
+        _check_resolves(cfg, "task")
     _check_model_takes_tokens(cfg)
-    _check_device_transforms(cfg)
+    if "data" in uses:
+        _check_device_transforms(cfg)
     _check_optimizer(cfg)
     _check_device(cfg.device)

@@ -36,17 +36,26 @@ class CharTokenizer:
     def encode(self, text: str) -> np.ndarray:
         codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
         ids = np.searchsorted(self.codes, codes)
-        if len(codes) and (ids.max() >= len(self.codes) or (self.codes[ids] != codes).any()):
-            raise ValueError("the text holds characters the table lacks")
+        known = self.codes[np.minimum(ids, len(self.codes) - 1)] == codes
+        if not known.all():
+            lacking = "".join(dict.fromkeys(_text(codes[~known])))  # each once, in order
+            shown = self.chars if len(self.chars) <= 40 else f"{self.chars[:40]}..."
+            raise ValueError(
+                f"the text holds characters the table lacks: {lacking!r} "
+                f"(its {len(self.chars)} characters: {shown!r})"
+            )
         return ids
 
     def decode(self, ids: np.ndarray) -> str:
-        return (
-            self.codes[np.asarray(ids, dtype=np.int64)].astype("<u4").tobytes().decode("utf-32-le")
-        )
+        return _text(self.codes[np.asarray(ids, dtype=np.int64)])
 
     def meta(self) -> dict[str, Any]:
         return {"tokenizer": self.name, "chars": self.chars}
+
+
+def _text(codes: np.ndarray) -> str:
+    """Code points back to a string."""
+    return codes.astype("<u4").tobytes().decode("utf-32-le")
 
 
 class Gpt2Tokenizer:

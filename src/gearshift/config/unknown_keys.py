@@ -1,0 +1,71 @@
+"""One line for an override of a key its node does not have (`model.delay=0.3`), in place
+of OmegaConf's "Key 'delay' is not in struct": the node, the closest keys it has, and how
+to add an argument that the node's class accepts (`+model.delay=0.3`)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+_LISTED = 12  # keys named when none is close; more would not fit a line
+
+
+def describe_unknown_key(cause: BaseException, overrides: Sequence[str]) -> str | None:
+    """The line for `cause` when it is OmegaConf's unknown key error, else None;
+    `overrides` are the command line's, one of which set the key."""
+    node = getattr(cause, "parent_node", None)
+    key, full_key = getattr(cause, "key", None), getattr(cause, "full_key", None)
+    if not isinstance(cause, ConfigAttributeError | ConfigKeyError) or not isinstance(node, DictConfig):  # fmt: skip
+        return None
+    if not isinstance(key, str) or not isinstance(full_key, str):
+        return None
+    path = full_key.rpartition(".")[0]
+    where = f"the {path} node" if path else "the config"
+    given = _setting(full_key, overrides)
+    keys = sorted(str(k) for k in node)
+    line = f"{given} is not allowed; {where} has no key {key!r}; {_closest(key, keys)}"
+    if OmegaConf.get_type(node) is not dict:  # a typed node of the schema: its keys are fixed
+        return line
+    target = node.get("_target_") if "_target_" in keys else None
+    if target is None:
+        return line
+    accepts = _accepts(str(target), key)
+    if accepts is False:
+        return f"{line}; {target} takes no argument {key!r}"
+    return f"{line}; to pass an argument {target} accepts, add it: +{given}"
+
+
+def _setting(full_key: str, overrides: Sequence[str]) -> str:
+    """The override that sets `full_key` or a key below it (`model.delay.x=1`)."""
+    for override in overrides:
+        key = override.lstrip("+~").partition("=")[0]
+        if key == full_key or key.startswith(f"{full_key}."):
+            return override.lstrip("+~")
+    return f"{full_key}=VALUE"
+
+
+def _closest(key: str, keys: list[str]) -> str:
+    close = difflib.get_close_matches(key, keys, n=3, cutoff=0.6)
+    if close:
+        return f"closest: {', '.join(close)}"
+    shown = [k for k in keys if k != "_target_"]
+    more = ", ..." if len(shown) > _LISTED else ""
+    return f"its keys: {', '.join(shown[:_LISTED])}{more}"
+
+
+def _accepts(target: str, key: str) -> bool | None:
+    """Whether the class or function `target` names takes an argument `key`; None when
+    that cannot be told (it does not import, or has no signature)."""
+    module, _, name = target.rpartition(".")
+    try:
+        found: Any = getattr(importlib.import_module(module), name)
+        parameters = inspect.signature(found).parameters.values()
+    except Exception:  # anything a user's module raises on import: tell what is known
+        return None
+    return any(p.name == key or p.kind is p.VAR_KEYWORD for p in parameters)
