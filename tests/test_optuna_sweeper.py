@@ -357,7 +357,8 @@ def test_importances_over_equal_scores_say_no_parameter_changed_the_objective(tm
     [
         (  # a searched key that names no config key
             "+hydra.sweeper.params.optimizer.lrr=choice(1,2)",
-            "+hydra.sweeper.params.optimizer.lrr=choice(1,2): Key 'lrr'",
+            "+hydra.sweeper.params.optimizer.lrr=choice(1,2): optimizer.lrr=1 is not allowed; the "
+            "optimizer node has no key 'lrr'; closest: lr",
         ),
         (  # a searched key that exists, given where Hydra takes no sweep
             "hydra.sweeper.params.optimizer.lr=choice(0.1,0.2)",

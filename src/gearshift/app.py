@@ -246,7 +246,9 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
             except ConfigError as error:
                 _exit(str(error))
             except (HydraException, OmegaConfBaseException) as error:
-                _exit(describe_error(error, swept or culprit(error, variant), variant))
+                line = describe_error(error, swept or culprit(error, variant), variant)
+                searched = swept and swept.lstrip("+~").startswith(SEARCHED)
+                _exit(f"{swept}: {line}" if searched and not line.startswith(swept) else line)
         multirun = any(a in ("-m", "--multirun") for a in argv)
         if problem := _output_folder_problem(config_name, overrides, multirun):
             _exit(problem)
