@@ -305,8 +305,8 @@ def test_a_trial_whose_process_outlived_the_sweep_is_followed_to_its_result(tmp_
     waiting = made.follow(tmp_path, frozen)
     assert waiting is not None
     result = waiting()
-    assert trial.poll() is not None  # it waited for the trial's end
-    assert result.return_value == 0.25
+    assert result.return_value == 0.25  # the summary the trial wrote 1 s after it began
+    assert trial.wait(timeout=seconds(30)) == 0
     assert made.follow(tmp_path, frozen)().return_value == 0.25  # ended: its result counts
     (run_dir / "summary.json").unlink()
     assert made.follow(tmp_path, frozen) is None  # neither running nor ended: launch it again
