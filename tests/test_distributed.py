@@ -245,6 +245,57 @@ def test_ranks_that_fail_leave_nothing_in_the_temporary_folder(tmp_path):
     assert left_in(temporary) == []
 
 
+def one_class_image_folder(folder: Path) -> Path:
+    """An image folder with 1 class folder: data.num_classes=10 (the default) is unusable,
+    found by the ranks as they build the data."""
+    from PIL import Image
+
+    (folder / "a").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (8, 8)).save(folder / "a" / f"{i}.png")
+    return folder
+
+
+# Unusable input that only the ranks find (as they build), not the check before launching.
+FOUND_BY_THE_RANKS = {
+    "data": (
+        lambda tmp: ["data=imagefolder", f"data.path={one_class_image_folder(tmp / 'images')}"],
+        "error: data.num_classes=10 is not allowed; {tmp}/images has 1 class folders (a); "
+        "set data.num_classes=1",
+    ),
+    "task": (
+        lambda tmp: ["task._target_=torch.nn.Identity"],
+        "error: task._target_='torch.nn.Identity' is not allowed; it built a Identity, "
+        "expected a subclass of gearshift.tasks.Task",
+    ),
+}
+
+
+@pytest.mark.parametrize("launcher", ["nproc_per_node", "torchrun"])
+@pytest.mark.parametrize("found_in", FOUND_BY_THE_RANKS)
+def test_input_the_ranks_find_unusable_is_one_line_from_rank_0(tmp_path, launcher, found_in):
+    overrides, message = FOUND_BY_THE_RANKS[found_in]
+    work = tmp_path / "work"  # where runs/ would go
+    work.mkdir()
+    train = ["model=mlp", *TINY_CLI, "max_steps=2", *overrides(tmp_path)]
+    if launcher == "torchrun":
+        command = [*torchrun("--standalone", "--nproc_per_node=2"), *train]
+        result = subprocess.run(
+            command, cwd=work, capture_output=True, text=True, timeout=seconds(300)
+        )
+        # torchrun's agent, its own process, ends with its ChildFailedError report (exit 1);
+        # the ranks it shows exited 2 and printed nothing but rank 0's line
+        assert result.returncode == 1 and "exitcode  : 2" in result.stderr
+    else:
+        result = run_train("distributed.nproc_per_node=2", *train, cwd=work)
+        assert result.returncode == 2
+        assert result.stderr.strip() == message.format(tmp=tmp_path)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [message.format(tmp=tmp_path)], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # none from the ranks
+    assert list(work.iterdir()) == []  # no run folder
+
+
 def test_a_multirun_sweep_runs_each_job_as_2_rank_ddp(tmp_path):
     result = run_train(
         "-m",

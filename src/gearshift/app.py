@@ -67,6 +67,8 @@ def train(cfg: DictConfig) -> float:
         else:
             summary = fit(cfg, run_dir, run_name).summary
     except (ConfigError, CheckpointError) as error:
+        if job_rank() not in (None, "0"):  # torchrun's other ranks: rank 0 speaks for the job
+            raise SystemExit(EXIT_BAD_CONFIG) from None
         _remove_empty_run_dir(run_dir)
         _exit(str(error))
     except TrainingFailed as failed:

@@ -6,6 +6,14 @@ are passed on to the ranks by torch elastic (`LaunchConfig.signals_to_handle`); 
 save a checkpoint and stop as under torchrun (state/preemption.py), rank 0 tells the parent
 which one, and the parent raises `TrainingStopped` for the task to report in one line and
 exit 128+signal (torch elastic itself would end in its SignalException traceback).
+
+Input that the ranks find unusable as they build (bad data, task or checkpoint: a
+ConfigError) ends the same way as in one process: rank 0 notes the message for the parent,
+every rank exits 2 without a traceback, torch elastic's failure report is dropped, and the
+task prints one `error:` line, removes the empty run folder and exits 2. Under torchrun the
+ranks do the same (rank 0's line, the others silent, exit 2), but torchrun's agent is a
+process of its own: it still logs its ChildFailedError report (ranks' exit codes 2, no
+traceback of theirs) and exits 1.
 """
 
 from __future__ import annotations
@@ -23,38 +31,48 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from gearshift.config import ConfigError
 from gearshift.data.loading import cpu_count
 from gearshift.parallel.distributed import ranks_from_environment
-from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_folders import CheckpointError, latest_checkpoint
 from gearshift.state.preemption import TrainingStopped
 from gearshift.trainer import fit
 
 # Passed on to the ranks: torch elastic's own four, and the two that schedulers use to warn
 # of a stop (SLURM's --signal, submitit's USR2). The ranks save on TERM, INT, USR1, USR2.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+# A rank's exit code for unusable input (app.EXIT_BAD_CONFIG): rank 0 wrote why in its note.
+EXIT_BAD_INPUT = 2
 
 
 def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[str, Any]:
     """Start `distributed.nproc_per_node` ranks here with torch's elastic launcher (what
     torchrun uses) and return rank 0's summary; raises TrainingStopped on a stop signal."""
     from torch.distributed.elastic.multiprocessing import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # Like torchrun: without a setting of the user's, ranks split the CPUs instead of each
     # starting a thread per core (which oversubscribes them, many times slower).
     nproc = cfg.distributed.nproc_per_node
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cpu_count() // nproc)))
-    with (
-        tempfile.TemporaryDirectory(prefix="gearshift-launch-") as scratch,
-        _temporary_files_in(scratch),  # torch elastic's log folder and error files too
-        _quiet_shutdown(),
-    ):
+    with tempfile.TemporaryDirectory(prefix="gearshift-launch-") as scratch:
         stop_note = Path(scratch) / "stopped.json"  # rank 0 writes it when it stops
-        config = _launch_config(cfg, LaunchConfig)
-        try:
-            results = elastic_launch(config, run_rank)(cfg, str(run_dir), run_name, str(stop_note))
-        except SignalException as signalled:
-            raise stopped_ranks(signalled.sigval, stop_note, run_dir) from None
+        error_note = error_note_for(stop_note)  # and this when the input is unusable
+        with (
+            _temporary_files_in(scratch),  # torch elastic's log folder and error files too
+            _quiet_shutdown(error_note),
+        ):
+            config = _launch_config(cfg, LaunchConfig)
+            try:
+                launch = elastic_launch(config, run_rank)
+                results = launch(cfg, str(run_dir), run_name, str(stop_note))
+            except SignalException as signalled:
+                raise stopped_ranks(signalled.sigval, stop_note, run_dir) from None
+            except ChildFailedError:
+                if error_note.exists():  # the task says it in one line, exit 2
+                    raise ConfigError(error_note.read_text()) from None
+                raise
     return results[0]
 
 
@@ -104,10 +122,17 @@ def stopped_ranks(signum: int, stop_note: Path, run_dir: Path) -> TrainingStoppe
     return TrainingStopped(signum, None, latest_checkpoint(run_dir / "checkpoints"))
 
 
+def error_note_for(stop_note: Path) -> Path:
+    """Where rank 0 writes the message of a ConfigError (bad data, task or checkpoint)."""
+    return stop_note.with_name("error.txt")
+
+
 def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None, stop_note: str) -> dict[str, Any]:
     """One rank started by `launch_local`: log like Hydra would, then train. Stopped by a
     signal, rank 0 writes its step and checkpoint to `stop_note` for the parent, which
-    reports it; every rank exits 128+signal."""
+    reports it; every rank exits 128+signal. Unusable input (ConfigError, CheckpointError):
+    rank 0 writes the message next to it, for the parent's one line; every rank exits 2
+    without a traceback."""
     ranks = ranks_from_environment()
     handlers: list[logging.Handler] = []
     if ranks.is_zero:
@@ -127,13 +152,31 @@ def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None, stop_note: str
             partial.write_text(json.dumps(note))
             partial.replace(stop_note)  # whole or absent
         raise SystemExit(128 + stopped.signum) from None
+    except (ConfigError, CheckpointError) as error:
+        if ranks.is_zero:
+            _write_whole(error_note_for(Path(stop_note)), str(error))
+        logging.shutdown()  # train.log closed: the parent removes the empty run folder
+        raise SystemExit(EXIT_BAD_INPUT) from None
+
+
+def _write_whole(path: Path, text: str) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(text)
+    partial.replace(path)  # whole or absent
 
 
 class _ShutdownNotice(logging.Filter):
-    """Drops torch elastic's warnings that it got a signal and is closing the ranks: the
-    task says it in its own line."""
+    """Drops torch elastic's warnings that it got a signal and is closing the ranks, and
+    once rank 0 has noted unusable input, its reports of the ranks' failure: the task says
+    it in its own line."""
+
+    def __init__(self, error_note: Path) -> None:
+        super().__init__()
+        self.error_note = error_note
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING and self.error_note.exists():
+            return False
         message = str(record.msg)
         return not (
             record.levelno == logging.WARNING
@@ -141,17 +184,21 @@ class _ShutdownNotice(logging.Filter):
         )
 
 
-# torch elastic's agent and its process context, which log the shutdown
+# torch elastic's agent and its process context, which log the shutdown and the failure
 _ELASTIC_LOGGERS = (
     "torch.distributed.elastic.agent.server.api",
     "torch.distributed.elastic.multiprocessing.api",
+    "torch.distributed.elastic.multiprocessing.errors",
+    "torch.distributed.elastic.multiprocessing.errors.error_handler",
+    "torch.distributed.launcher.api",
+    "torch.multiprocessing.spawn",  # "Terminating process ... via signal SIGTERM"
 )
 
 
 @contextlib.contextmanager
-def _quiet_shutdown() -> Iterator[None]:
+def _quiet_shutdown(error_note: Path) -> Iterator[None]:
     """While inside: `_ShutdownNotice` on torch elastic's loggers."""
-    notice = _ShutdownNotice()
+    notice = _ShutdownNotice(error_note)
     for name in _ELASTIC_LOGGERS:
         logging.getLogger(name).addFilter(notice)
     try:
