@@ -173,7 +173,9 @@ def test_resuming_at_90_percent_of_a_long_stream_is_as_quick_as_at_its_start():
     stream.reads = 0
     at_90 = first_batch_seconds(loader, [[90_000, 100_000]])
     assert stream.reads <= 3 * (8 + 32)  # three first batches: whole blocks, none before
-    assert at_90 <= 2 * at_start, (at_90, at_start)
+    # ms-scale timings on a busy machine vary 2-3x; reading the 90,000 samples before the
+    # resume point would take some thousand times as long, so 10x still catches it
+    assert at_90 <= 10 * at_start, (at_90, at_start)
 
 
 def test_a_plain_iterable_dataset_trains_and_one_without_length_needs_max_steps(tmp_path):
