@@ -264,3 +264,22 @@ def recording_epoch_samples() -> Iterator[list[int]]:
         yield taken
     finally:
         EpochSampler.__iter__ = iterate
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from gearshift.state import run_lock
+run_lock.hold(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def holding_process(run_dir) -> subprocess.Popen:
+    """A process that holds `run_dir`'s lock until it is killed."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "held"
+    return child

@@ -15,7 +15,7 @@ import time
 import optuna
 import pytest
 import yaml
-from helpers import ROOT, seconds
+from helpers import ROOT, holding_process, seconds
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.storages import JournalStorage
@@ -233,16 +233,6 @@ def sweeper(tmp_path, **params) -> OptunaSweeper:
     return made
 
 
-HOLD_UNTIL_KILLED = """
-import sys, time
-from pathlib import Path
-from gearshift.state import run_lock
-run_lock.hold(Path(sys.argv[1]))
-print("held", flush=True)
-time.sleep(600)
-"""
-
-
 def running_trial(number: int, params: dict) -> optuna.trial.FrozenTrial:
     """A trial as a rerun finds it in the storage: running when the sweep died."""
     distributions = {
@@ -314,10 +304,7 @@ def test_a_trial_whose_process_outlived_the_sweep_is_followed_to_its_result(tmp_
 
 def test_asked_to_stop_a_live_trial_the_rerun_stops_it_and_launches_it_to_resume(tmp_path):
     run_dir = tmp_path / "0"
-    holding = subprocess.Popen(
-        [sys.executable, "-c", HOLD_UNTIL_KILLED, str(run_dir)], stdout=subprocess.PIPE, text=True
-    )
-    assert holding.stdout.readline().strip() == "held"
+    holding = holding_process(run_dir)
     made = sweeper(tmp_path, live_trials="stop")
     launched = []
 

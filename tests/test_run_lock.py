@@ -9,29 +9,10 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, seconds
+from helpers import ROOT, holding_process, seconds
 
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import latest_checkpoint
-
-HOLD = """
-import sys, time
-from pathlib import Path
-from gearshift.state import run_lock
-from gearshift.state.checkpoint_folders import latest_checkpoint
-run_lock.hold(Path(sys.argv[1]))
-print("held", flush=True)
-time.sleep(600)
-"""
-
-
-def holding_process(run_dir) -> subprocess.Popen:
-    """A process that holds `run_dir`'s lock until it is killed."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(run_dir)], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout.readline().strip() == "held"
-    return child
 
 
 def test_a_second_holder_is_refused_with_the_pid_and_a_killed_holder_frees_the_folder(tmp_path):
