@@ -184,7 +184,7 @@ def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | Non
     fixed = [o for o in fixed if _searchpath(o) or not o.lstrip("+~").startswith("hydra")]
     variants: list[tuple[list[str], str | None]] = [(fixed, None)]
     for o in parsed:
-        if o.key_or_group.startswith(SEARCHED) and (o.is_sweep_override() or "." in _searched(o)):
+        if _hydra_refuses(o):
             variants.append(([*fixed, f"{_searched(o)}={_a_value(o)}"], o.input_line))
             continue
         if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
@@ -196,6 +196,13 @@ def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | Non
                 line = f"{o.get_key_element()}={value}"
                 variants.append(([*fixed, line], line))
     return variants
+
+
+def _hydra_refuses(override: Override) -> bool:
+    """A search-space key given as `hydra.sweeper.params.<key>` that Hydra cannot take: a
+    sweep of its own config, or a dotted key where the params hold flat ones."""
+    searched = override.key_or_group.startswith(SEARCHED)
+    return searched and (override.is_sweep_override() or "." in _searched(override))
 
 
 def _searched(override: Override) -> str:
@@ -262,7 +269,7 @@ def _searched_on_hydra_key(overrides: list[str]) -> str | None:
     """Hydra refuses a sweep of its own config, and `hydra.sweeper.params` holds flat
     keys only: `hydra.sweeper.params.optimizer.lr=choice(...)` cannot be given as such."""
     for o in OverridesParser.create().parse_overrides(overrides):
-        if o.key_or_group.startswith(SEARCHED) and (o.is_sweep_override() or "." in _searched(o)):
+        if _hydra_refuses(o):
             text = o.input_line.split("=", 1)[1]
             return (
                 f"{o.input_line} is not allowed; search a key on the command line as "
