@@ -15,6 +15,13 @@ A shard is closed before it would pass `--shard-mb`. `--resize N` stores every i
 resized, like `data.stage_format=jpeg`: its centre square at 1.15 x N as a JPEG of
 `--quality` (90, 4:4:4), so reading decodes a small JPEG. The folder is written under a
 temporary name and renamed at the end: an interrupted run leaves no OUT.
+
+    python scripts/make_shards.py --index /data/wds-shards --label-key json
+
+indexes a shard set another tool wrote (webdataset, img2dataset: `<key>.jpg` + `<key>.cls`,
+`.txt` or `.json` members, tars in SRC or in SRC/train + SRC/val): writes index.json beside
+the tars, as data=shards would otherwise build it from the tar headers at every start on a
+new machine (it caches it, data/tar_index.py). `--label-key` as data.label_key.
 Bad input: one `error:` line and exit code 2.
 """
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import logging
 import os
 import sys
@@ -37,7 +45,8 @@ from gearshift.config import ConfigError
 from gearshift.data.decode import JPEG_MAGIC, UnreadableImage, choose_decoder
 from gearshift.data.images import IMAGE_EXTENSIONS, index_class_folders, split_by_class
 from gearshift.data.resized import stored_side
-from gearshift.data.shards import write_shards
+from gearshift.data.shards import INDEX, INDEX_FORMAT, write_shards
+from gearshift.data.tar_index import index_from_headers
 
 log = logging.getLogger("make_shards")
 
@@ -153,10 +162,47 @@ def _encoded(
             yield data, extension, label
 
 
+def index_shards(src: Path, label_key: str = "auto") -> dict:
+    """index.json for each split folder of an existing shard set; {split: {samples, shards}}."""
+    if not src.is_dir():
+        raise ConfigError(f"SRC={str(src)!r} is not allowed; no such folder")
+    folders = {"train": src / "train", "val": src / "val"} if (src / "train").is_dir() else {}
+    folders = {k: v for k, v in folders.items() if v.is_dir()} or {"train": src}
+    for folder in folders.values():
+        if (folder / INDEX).exists():
+            raise ConfigError(f"SRC={str(src)!r} is not allowed; {folder / INDEX} exists already")
+    indexes, classes = {}, None
+    for split, folder in folders.items():
+        index = index_from_headers(sorted(folder.glob("*.tar")), label_key, str(folder), classes)
+        classes = index["classes"] or classes
+        indexes[split] = index
+    if classes is None:  # integer labels: as many classes as the largest label says
+        top = max(x for index in indexes.values() for s in index["shards"] for x in s["labels"])
+        classes = [str(n) for n in range(top + 1)]
+    written = {}
+    for split, index in indexes.items():
+        for shard in index["shards"]:
+            shard["file"] = Path(shard["file"]).name  # beside index.json, as write_shards has it
+        whole = {"format": INDEX_FORMAT, "source": "tar headers", **index, "classes": classes}
+        temporary = folders[split] / f"{INDEX}.tmp-{os.getpid()}"
+        temporary.write_text(json.dumps(whole))
+        os.replace(temporary, folders[split] / INDEX)  # no half-written index.json
+        written[split] = {
+            "samples": sum(s["samples"] for s in index["shards"]),
+            "shards": len(index["shards"]),
+        }
+    log.info("%s: index.json written (%s)", src, written)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("src", type=Path, help="the image folder (SRC/<class>/<image>)")
-    parser.add_argument("out", type=Path, help="the shard folder to write (must not exist)")
+    parser.add_argument(
+        "out", type=Path, nargs="?", help="the shard folder to write (must not exist)"
+    )
+    parser.add_argument("--index", action="store_true", help="index the shard set SRC instead")
+    parser.add_argument("--label-key", default="auto", help="--index: as data.label_key")
     parser.add_argument("--shard-mb", type=float, default=256, help="largest shard, MB")
     parser.add_argument("--resize", type=int, default=None, help="store resized for this size")
     parser.add_argument("--quality", type=int, default=90, help="--resize: the JPEG quality")
@@ -166,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        if args.index:
+            index_shards(args.src, args.label_key)
+            return 0
+        if args.out is None:
+            raise ConfigError("OUT is missing; give the shard folder to write (or --index)")
         make_shards(
             args.src, args.out, args.shard_mb, args.resize, args.quality, args.channels,
             args.val_fraction, args.split_seed,

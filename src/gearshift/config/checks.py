@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import math
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,7 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
         _check_decoding(data)
     if name == "shards":
         _check_decoder(data)
+        _check_label_key(data)
     _check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
@@ -212,6 +214,9 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
     if not data.path:
         _fail("data.path", data.path, f"data={name} reads a folder: set data.path=/path/to/it")
     path = Path(data.path).expanduser()
+    if name == "shards" and not path.is_dir():
+        _check_shard_list(data)
+        return
     if not path.is_dir() and not (name == "cifar10" and data.download and not path.exists()):
         what = "not a folder" if path.exists() else "no such folder"
         fix = " or set data.download=true" if name == "cifar10" else ""
@@ -224,6 +229,33 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
             _fail(
                 "data.stage_to", data.stage_to, "it lies inside data.path; choose a folder outside"
             )
+
+
+def _check_label_key(data: DictConfig) -> None:
+    """data=shards without index.json: the member extension that holds the label."""
+    key = data.get("label_key", "auto")
+    if not (isinstance(key, str) and re.fullmatch(r"auto|[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)?", key)):
+        _fail(
+            "data.label_key",
+            key,
+            "expected auto (the first of cls, txt, json a sample holds), a member's "
+            "extension (cls, txt, json) or json.<field>",
+        )
+
+
+def _check_shard_list(data: DictConfig) -> None:
+    """data=shards: data.path names tars (one, a brace list, a glob), read where it is."""
+    path = str(data.path)
+    if not (path.endswith(".tar") or any(c in path for c in "{*?")):
+        what = "not a folder" if Path(path).expanduser().exists() else "no such folder"
+        _fail(
+            "data.path",
+            data.path,
+            f"{what}; expected a shard folder, one .tar or a list of them "
+            "('/data/train-{000000..000099}.tar', '/data/train-*.tar')",
+        )
+    if data.stage_to:
+        _fail("data.stage_to", data.stage_to, "it stages a shard folder; data.path names tars")
 
 
 def _check_decoding(data: DictConfig) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torchvision.transforms.v2 import functional as F
 
 from gearshift.config import DataError
@@ -124,6 +124,11 @@ class ImageDecoder:
                 pass
         try:
             return _pil(data, self.channels, self.size)
+        except UnidentifiedImageError:  # its text names the BytesIO object, not the file
+            raise UnreadableImage(
+                f"cannot decode image {path}: not an image file PIL can identify "
+                f"({len(data)} bytes, starting {bytes(data[:4]).hex()})"
+            ) from None
         except (OSError, ValueError, SyntaxError) as error:  # damaged data behind a valid header
             raise UnreadableImage(f"cannot decode image {path}: {error}") from None
 

@@ -6,7 +6,10 @@ JPEG copy; a non-JPEG source keeps its own extension) and `<key>.cls` (the label
 ASCII), as WebDataset, litdata's and Hugging Face's webdataset readers expect. The index
 says, per shard, how many samples it holds and where each image's bytes start and end in
 the file, so a reader knows the lengths without opening a tar and reads any sample, or any
-shard from any member on, with one seek (docs/gears.md, "Sharded images").
+shard from any member on, with one seek (docs/gears.md, "Sharded images"). Shards written by
+other tools, without index.json, get the same index from their tar headers
+(data/tar_index.py: cached outside the data folder; labels from `data.label_key`), also
+when `data.path` is one tar or a brace list (`/data/train-{000000..000099}.tar`).
 
 Reading (`ShardImages`): a sample is one `os.pread` of its image bytes out of the shard
 (each process opens the shards it touches once), decoded by data/decode.py's decoders into
@@ -39,6 +42,7 @@ from gearshift.config import ConfigError
 from gearshift.data.decode import ImageDecoder, UnreadableImage, centre_square, choose_decoder
 from gearshift.data.images import device_stage, host_transform, take
 from gearshift.data.streams import Stream
+from gearshift.data.tar_index import index_from_headers, shard_files
 
 log = logging.getLogger(__name__)
 
@@ -174,13 +178,6 @@ def _bad(path: Path | str, reason: str) -> ConfigError:
 def read_index(folder: Path, key_value: str) -> dict[str, Any]:
     """A split's index.json, checked against its shards (present, long enough); bad: ConfigError."""
     file = folder / INDEX
-    if not file.is_file():
-        tars = sorted(p.name for p in folder.glob("*.tar")) if folder.is_dir() else []
-        what = f"{len(tars)} .tar files but no {INDEX}" if tars else "no shards"
-        raise _bad(
-            key_value,
-            f"{folder} holds {what}; write the shards with scripts/make_shards.py",
-        )
     try:
         index = json.loads(file.read_text())
     except (OSError, ValueError) as error:
@@ -190,17 +187,40 @@ def read_index(folder: Path, key_value: str) -> dict[str, Any]:
     shards = index.get("shards") or []
     if not shards or not any(s["samples"] for s in shards):
         raise _bad(key_value, f"{file} lists no shards (an empty shard list)")
-    for shard in shards:
+    _check_lengths(folder, index, key_value, f"listed in {file}", "its index says")
+    return index
+
+
+def _check_lengths(folder: Path, index: dict[str, Any], key_value: str, listed: str, says: str):
+    for shard in index["shards"]:
         path = folder / shard["file"]
         end = max((o + s for o, s in zip(shard["offsets"], shard["sizes"], strict=True)), default=0)
         if not path.is_file():
-            raise _bad(key_value, f"shard {path} listed in {file} does not exist")
+            raise _bad(key_value, f"shard {path} {listed} does not exist")
         if path.stat().st_size < end:  # cut short: the samples past the end are gone
             raise _bad(
                 key_value,
-                f"shard {path} holds {path.stat().st_size} bytes, its index says at least "
+                f"shard {path} holds {path.stat().st_size} bytes, {says} at least "
                 f"{end}: the shard is truncated; write it again",
             )
+
+
+def read_split(
+    where: Path | str, key_value: str, label_key: str, classes: list[str] | None = None
+) -> dict[str, Any]:
+    """A split's index: its index.json where there is one (make_shards.py's), else built
+    from the tar headers of the shards `where` names (data/tar_index.py): a folder of tars,
+    one tar or a brace list. "classes" None: integer labels, counted by data.num_classes."""
+    folder = Path(where).expanduser()
+    if folder.is_dir() and (folder / INDEX).is_file():
+        return read_index(folder, key_value)
+    files = shard_files(str(where))
+    if not files:
+        raise _bad(key_value, f"{folder} holds no shards (.tar files)")
+    index = index_from_headers(files, label_key, key_value, classes)
+    if not any(s["samples"] for s in index["shards"]):
+        raise _bad(key_value, f"its {len(files)} shards hold no samples")
+    _check_lengths(Path(), index, key_value, "", "its tar headers say")
     return index
 
 
@@ -329,30 +349,28 @@ def shards(
     batch_dtype: str = "uint8",
     decoder: str = "auto",
     streaming: bool = False,
+    label_key: str = "auto",
 ) -> tuple[ShardImages | ShardStream, ShardImages | ShardStream | None]:
     """`data=shards`: `path`/train/ (and `path`/val/ when present), as make_shards.py writes
-    them; or `path` itself holding one split's shards and index.json (no validation).
-    Samples by index (`ShardImages`), or with `streaming` each shard read in file order
-    (`ShardStream`)."""
+    them; or `path` itself holding one split's shards (no validation): a folder, one .tar
+    or a brace list. Without index.json the index comes from the tar headers, the labels
+    from the `label_key` members. Samples by index (`ShardImages`), or with `streaming` each
+    shard read in file order (`ShardStream`)."""
     data = SimpleNamespace(**locals())
     root = Path(path).expanduser()
     train_folder = root / "train" if (root / "train").is_dir() else root
     folders = {"train": train_folder, "val": root / "val" if train_folder != root else None}
     sets: dict[str, ShardImages | None] = {}
-    chosen = None
+    chosen, classes = None, None
     for split, folder in folders.items():
         if folder is None or (split == "val" and (not folder.is_dir() or num_val_samples == 0)):
             sets[split] = None
             continue
-        index = read_index(folder, path)
-        if len(index["classes"]) != num_classes:
-            shown = ", ".join(index["classes"][:5]) + (", ..." if len(index["classes"]) > 5 else "")
-            raise ConfigError(
-                f"data.num_classes={num_classes} is not allowed; the shards in {folder} have "
-                f"{len(index['classes'])} classes ({shown}); set "
-                f"data.num_classes={len(index['classes'])}"
-            )
-        samples = ShardSamples(folder, index)
+        where = path if folder == root else folder  # a brace list is no Path to join
+        index = read_split(where, path, label_key, classes)
+        _check_classes(index, num_classes, folder)
+        classes = index["classes"]
+        samples = ShardSamples(folder if folder.is_dir() else Path(), index)
         limit = num_samples if split == "train" else num_val_samples
         samples.subset(take(len(samples), limit, split_seed))
         if chosen is None:
@@ -367,11 +385,34 @@ def shards(
     log.info(
         "data: %d training and %d validation samples in %d + %d shards from %s",
         len(train), len(val) if val else 0, len(train.samples.files),
-        len(val.samples.files) if val else 0, root,
+        len(val.samples.files) if val else 0, path,
     )  # fmt: skip
     if streaming:
         return ShardStream(train), (ShardStream(val) if val is not None else None)
     return train, val
+
+
+def _check_classes(index: dict[str, Any], num_classes: int, folder: Path) -> None:
+    """data.num_classes against the shards' classes (names), or their integer labels' range
+    (an index from tar headers); the latter then get names "0".."n-1"."""
+    names = index["classes"]
+    if names is None:
+        labels = [x for s in index["shards"] for x in s["labels"]]
+        low, high = min(labels), max(labels)
+        if low < 0 or high >= num_classes:
+            fix = f"; set data.num_classes={high + 1}" if low >= 0 else ""
+            raise ConfigError(
+                f"data.num_classes={num_classes} is not allowed; the shards in {folder} hold "
+                f"labels {low}..{high}, expected 0..{num_classes - 1}{fix}"
+            )
+        index["classes"] = [str(n) for n in range(num_classes)]
+        return
+    if len(names) != num_classes:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ConfigError(
+            f"data.num_classes={num_classes} is not allowed; the shards in {folder} have "
+            f"{len(names)} classes ({shown}); set data.num_classes={len(names)}"
+        )
 
 
 def _choose_decoder(data: SimpleNamespace, samples: ShardSamples) -> tuple[ImageDecoder, str]:

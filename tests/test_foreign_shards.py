@@ -1,0 +1,246 @@
+"""Shard sets written by other tools (webdataset's layout, the tars written here with
+`tarfile`): data=shards reads them as they are, without index.json (the index built from the
+tar headers and cached outside the data folder), from a brace list, and resumes exactly."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import load_script, make_cfg, run_train
+from PIL import Image
+from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
+from test_datasets import CPU
+from test_images_uint8 import photo
+
+from gearshift.config import ConfigError, check_config
+from gearshift.data import tar_index
+from gearshift.data.loading import build_data
+from gearshift.data.shards import INDEX
+from gearshift.data.tar_index import expand_braces
+
+make_shards_main = load_script("make_shards").main
+CLASSES = ["red", "green", "blue"]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    """The header indexes go under the test's folder, not the user's cache."""
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+
+
+def jpeg(k: int, i: int) -> bytes:
+    pixels = photo(20, 26, seed=10 * k + i)
+    pixels[..., k] = np.maximum(pixels[..., k], 160)  # the class shows in one channel
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_foreign(folder: Path, layout: str, samples: int = 21, per_tar: int = 6, name="{:06d}"):
+    """`samples` as webdataset's writers lay them out: `<key>.jpg` + `<key>.cls` (decimal),
+    `.json` ({"label": n, ...}) or `.txt` (the class name); [(member, label)] in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for first in range(0, samples, per_tar):
+        with tarfile.open(folder / f"{name.format(first // per_tar)}.tar", "w") as tar:
+            for n in range(first, min(first + per_tar, samples)):
+                k, key = n % 3, f"s{n:05d}"
+                _add(tar, f"{key}.jpg", jpeg(k, n))
+                label = {
+                    "cls": str(k),
+                    "json": json.dumps({"caption": "x", "label": k}),
+                    "txt": CLASSES[k],
+                }[layout]
+                _add(tar, f"{key}.{layout}", label.encode())
+                written.append((f"{key}.jpg", CLASSES.index(CLASSES[k])))
+    return written
+
+
+def foreign_cfg(path, *overrides: str):
+    return make_cfg(
+        "data=shards", f"data.path='{path}'", "data.num_classes=3", "data.image_size=16",
+        "data.num_samples=null", "data.num_val_samples=null", "batch_size=8", *overrides,
+    )  # fmt: skip
+
+
+def test_brace_lists_expand_as_bash_does():
+    assert expand_braces("/d/train-{000..003}.tar") == [f"/d/train-00{n}.tar" for n in range(4)]
+    assert expand_braces("/d/{a,b}-{8..10}.tar") == [
+        "/d/a-8.tar", "/d/a-9.tar", "/d/a-10.tar", "/d/b-8.tar", "/d/b-9.tar", "/d/b-10.tar",
+    ]  # fmt: skip
+    assert expand_braces("/d/x{y}.tar") == ["/d/x{y}.tar"] and expand_braces("/d/0.tar") == [
+        "/d/0.tar"
+    ]
+
+
+@pytest.mark.parametrize("layout", ["cls", "json", "txt"])
+def test_the_header_index_finds_every_image_and_label_and_is_cached_outside(
+    tmp_path, layout, monkeypatch
+):
+    written = write_foreign(tmp_path / "wds", layout)
+    os.chmod(tmp_path / "wds", 0o555)  # a read-only data folder: nothing is written there
+    try:
+        cfg = foreign_cfg(tmp_path / "wds", "data.decoder=pil")
+        check_config(cfg)
+        train, val = build_data(cfg, CPU)
+        samples = train.loader.dataset.samples
+        assert val is None and len(samples) == 21 and len(samples.files) == 4
+        assert samples.members == [m for m, _ in written]
+        labels = [label for _, label in written]
+        if layout == "txt":  # class names: sorted, as data=imagefolder orders its folders
+            labels = [sorted(CLASSES).index(CLASSES[x]) for x in labels]
+        assert samples.labels.tolist() == labels
+        assert samples.classes == (sorted(CLASSES) if layout == "txt" else ["0", "1", "2"])
+        # each image's bytes are where the index says: the JPEG the tar holds
+        with tarfile.open(samples.files[1]) as tar:
+            first = tar.extractfile(samples.members[6]).read()
+        assert train.loader.dataset.reader.read(6) == first
+        assert sorted(os.listdir(tmp_path / "wds")) == [f"{n:06d}.tar" for n in range(4)]
+        assert len(list((tmp_path / "cache/tar-index").glob("*.json"))) == 4
+        # a second start reads the cache, not the tars; a changed tar is indexed again
+        scanned = []
+        real = tar_index.scan_tar
+        monkeypatch.setattr(tar_index, "scan_tar", lambda p, *a: scanned.append(p) or real(p, *a))
+        build_data(cfg, CPU)
+        assert scanned == []
+        os.utime(tmp_path / "wds/000002.tar", ns=(1, 1))
+        build_data(cfg, CPU)
+        assert scanned == [tmp_path / "wds/000002.tar"]
+    finally:
+        os.chmod(tmp_path / "wds", 0o755)
+
+
+@pytest.mark.parametrize(
+    ("layout", "where", "streaming"),
+    [
+        ("cls", "folder", False),
+        ("json", "folder", True),
+        ("cls", "brace", True),
+        ("json", "indexed", False),
+    ],
+    ids=["cls-no-index", "json-no-index-streaming", "cls-brace-list-streaming", "json-index.json"],
+)
+def test_shards_of_another_tool_train_and_resume_exactly(tmp_path, layout, where, streaming):
+    write_foreign(tmp_path / "wds", layout, name="train-{:06d}")
+    path = tmp_path / "wds"
+    if where == "brace":
+        path = tmp_path / "wds/train-{000000..000003}.tar"
+    if where == "indexed":  # make_shards.py --index: index.json beside the tars
+        assert make_shards_main([str(tmp_path / "wds"), "--index"]) == 0
+        index = json.loads((tmp_path / "wds" / INDEX).read_text())
+        assert index["classes"] == ["0", "1", "2"] and len(index["shards"]) == 4
+        shutil.rmtree(tmp_path / "cache")  # what --index cached: training must not need it
+    source = partial(foreign_cfg, path, "data.decoder=pil")
+    assert_a_stream_or_index_source_resumes_exactly(source, tmp_path, streaming)
+    if where == "indexed":
+        assert not (tmp_path / "cache").exists()  # index.json read: no header index built
+
+
+def test_another_tools_shards_train_from_the_command_line_as_the_readme_shows(tmp_path):
+    write_foreign(tmp_path / "wds", "cls", name="train-{:06d}")
+    (tmp_path / "work").mkdir()
+    result = run_train(
+        "data=shards", f"data.path='{tmp_path}/wds/train-{{000000..000003}}.tar'",
+        "data.num_classes=3", "data.image_size=16", "model=simple_cnn", "batch_size=4",
+        "max_steps=3", "logger=none", "progress_bar=false", cwd=tmp_path / "work",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(next((tmp_path / "work").rglob("summary.json")).read_text())
+    assert summary["steps"] == 3
+
+
+@pytest.mark.parametrize(
+    "problem", ["no-label", "label-key", "names", "gzip", "missing", "classes", "empty"]
+)
+def test_bad_shard_sets_of_other_tools_stop_at_start_with_one_line(tmp_path, problem):
+    write_foreign(tmp_path / "wds", "json", samples=6)
+    path, overrides = f"{tmp_path / 'wds'}", []
+    tar = tmp_path / "wds/000000.tar"
+    if problem == "no-label":
+        with tarfile.open(tar, "a") as handle:
+            _add(handle, "s99999.jpg", jpeg(0, 0))
+        expected = (
+            f"data.label_key='auto' is not allowed; sample {tar}:s99999 holds jpg: no cls or txt "
+            "or json member; set data.label_key to the extension that holds the label"
+        )
+    elif problem == "label-key":
+        overrides = ["data.label_key=json.class"]
+        expected = (
+            f"data.label_key='json.class' is not allowed; {tar}:s00000.json holds no label "
+            "(no 'class' field)"
+        )
+    elif problem == "names":  # every caption is "x": one class name
+        overrides = ["data.label_key=json.caption"]
+        expected = (
+            f"data.num_classes=3 is not allowed; the shards in {tmp_path / 'wds'} have 1 "
+            "classes (x); set data.num_classes=1"
+        )
+    elif problem == "gzip":
+        import gzip
+
+        tar.write_bytes(gzip.compress(tar.read_bytes()))
+        expected = f"data.path='{path}' is not allowed; shard {tar} is compressed (gzip)"
+    elif problem == "missing":
+        path = f"{tmp_path}/wds/{{000000..000004}}.tar"
+        expected = (
+            f"data.path='{path}' is not allowed; 4 of the 5 shards it names do not exist "
+            f"(the first: {tmp_path / 'wds/000001.tar'})"
+        )
+    elif problem == "classes":
+        overrides = ["data.num_classes=2"]
+        expected = (
+            f"data.num_classes=2 is not allowed; the shards in {tmp_path / 'wds'} hold labels "
+            "0..2, expected 0..1; set data.num_classes=3"
+        )
+    else:
+        for file in (tmp_path / "wds").iterdir():
+            file.unlink()
+        expected = f"data.path='{path}' is not allowed; {tmp_path / 'wds'} holds no shards"
+    cfg = foreign_cfg(path, *overrides)
+    check_config(cfg)
+    with pytest.raises(ConfigError) as error:
+        build_data(cfg, CPU)
+    assert expected in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_a_damaged_member_of_another_tools_shard_is_named_by_shard_and_member(tmp_path):
+    write_foreign(tmp_path / "wds", "cls", samples=6)
+    tar = tmp_path / "wds/000000.tar"
+    with tarfile.open(tar) as handle:
+        member = handle.getmember("s00003.jpg")
+    data = bytearray(tar.read_bytes())
+    data[member.offset_data : member.offset_data + member.size] = b"\0" * member.size
+    tar.write_bytes(bytes(data))
+    train, _ = build_data(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
+    with pytest.raises(Exception) as error:
+        train.loader.dataset[3]
+    assert str(error.value) == (
+        f"cannot decode image {tar}:s00003.jpg: not an image file PIL can identify "
+        f"({member.size} bytes, starting 00000000)"
+    )
+
+
+def test_the_shard_list_is_checked_at_start(tmp_path):
+    with pytest.raises(ConfigError, match=r"no such folder; expected a shard folder, one \.tar"):
+        check_config(foreign_cfg(f"{tmp_path}/nothing"))
+    write_foreign(tmp_path / "wds", "cls", samples=3)
+    with pytest.raises(ConfigError, match=r"data\.label_key=.cls json. is not allowed; expected"):
+        check_config(foreign_cfg(tmp_path / "wds", "data.label_key='cls json'"))
+    with pytest.raises(ConfigError, match=r"data\.stage_to=.* it stages a shard folder"):
+        check_config(
+            foreign_cfg(f"{tmp_path}/wds/{{000000..000000}}.tar", f"data.stage_to={tmp_path}/s")
+        )
