@@ -36,7 +36,7 @@ def read_dataset_text(path: Path, column: str, split: str = "train") -> str:
     from gearshift.data.hf import check_columns, load, splits
 
     try:
-        rows, _ = splits(load(str(path), None), split, None)
+        rows, _ = splits(load(str(path), None)[0], split, None)
     except ConfigError as error:  # data=hf's keys are this script's arguments here
         message = str(error).replace("data.path=", "FILE=").replace("data.split=", "--split=")
         raise ConfigError(message) from None

@@ -19,10 +19,12 @@ from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU
 from test_images_uint8 import photo
 
+from gearshift.build import build_parts
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import ImageDecoder, centre_square
 from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
+from gearshift.parallel.distributed import Ranks
 from gearshift.trainer import fit
 
 CLASSES = ["red", "green", "blue"]
@@ -114,10 +116,10 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, stream
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("data.image_column=img", "data.image_column='img' is not allowed; the dataset's columns are: image, label, caption"),
-        ("data.label_column=y", "data.label_column='y' is not allowed; the dataset's columns are: image, label, caption"),
-        ("data.image_column=caption", "data.image_column='caption' is not allowed; it holds Value('string'), expected encoded images (datasets.Image)"),
-        ("data.label_column=caption", "data.label_column='caption' is not allowed; it holds Value('string'), expected integer labels (a ClassLabel or an integer Value)"),
+        ("data.fields.inputs=img", "data.fields.inputs='img' is not allowed; the dataset's columns are: image, label, caption"),
+        ("data.fields.targets=y", "data.fields.targets='y' is not allowed; the dataset's columns are: image, label, caption"),
+        ("data.fields.inputs=caption", "data.fields.inputs='caption' is not allowed; it holds Value('string'), expected encoded images (datasets.Image)"),
+        ("data.fields.targets=caption", "data.fields.targets='caption' is not allowed; it holds Value('string'), expected integer labels (a ClassLabel or an integer Value)"),
         ("data.split=training", "data.split='training' is not allowed; the dataset's splits are: train, validation"),
         ("data.val_split=test", "data.val_split='test' is not allowed; the dataset's splits are: train, validation (or null: no validation)"),
         ("data.num_classes=4", "data.num_classes=4 is not allowed; the label column 'label' has 3 classes (red, green, blue); set data.num_classes=3"),
@@ -136,13 +138,13 @@ def test_a_missing_column_is_one_error_line_exit_2_and_no_run_folder(tmp_path):
     path = write_hf(tmp_path, "parquet")
     (tmp_path / "work").mkdir()
     result = run_train(
-        "data=hf", f"data.path={path}", "data.num_classes=3", "data.image_column=pixels",
+        "data=hf", f"data.path={path}", "data.num_classes=3", "data.fields.inputs=pixels",
         "logger=none", cwd=tmp_path / "work",
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert lines == [
-        "error: data.image_column='pixels' is not allowed; the dataset's columns are: "
+        "error: data.fields.inputs='pixels' is not allowed; the dataset's columns are: "
         "image, label, caption"
     ], result.stderr
     assert list((tmp_path / "work").iterdir()) == []
@@ -183,6 +185,117 @@ def test_where_to_read_from_is_checked_at_start(tmp_path):
     assert str(error.value).startswith(
         "data.name='someone/not-cached' is not allowed; it is not in the local Hugging Face cache"
     ) and "\n" not in str(error.value)
+
+
+def cifar100_like(per_class: int) -> Dataset:
+    """CIFAR-100's column names: `img`, `fine_label` (3 classes here) and `coarse_label` (2)."""
+    rows = [(k, i) for i in range(per_class) for k in range(3)]
+    return Dataset.from_dict(
+        {
+            "img": [{"bytes": jpeg(k, i), "path": None} for k, i in rows],
+            "fine_label": [k for k, _ in rows],
+            "coarse_label": [min(k, 1) for k, _ in rows],
+        },
+        features=Features(
+            {
+                "img": ImageFeature(),
+                "fine_label": ClassLabel(names=CLASSES),
+                "coarse_label": ClassLabel(names=["red", "other"]),
+            }
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "labels"),
+    [
+        ((), [0, 1, 2, 0]),  # the task's names, first present: img, fine_label
+        (("data.fields={inputs: img, targets: coarse_label}", "data.num_classes=2"), [0, 1, 1, 0]),
+        (("data.fields.targets=coarse_label", "data.num_classes=2"), [0, 1, 1, 0]),
+    ],
+    ids=["task-names", "data.fields", "data.fields.targets"],
+)
+def test_columns_are_the_tasks_field_names_or_those_data_fields_gives(tmp_path, overrides, labels):
+    DatasetDict({"train": cifar100_like(4)}).save_to_disk(tmp_path / "c100")
+    cfg = hf_cfg(tmp_path / "c100", "data.decoder=pil", *overrides)
+    check_config(cfg)
+    dataset = build_parts(cfg, Ranks(), "none", CPU).train_batches.loader.dataset
+    assert [dataset[i][1] for i in range(4)] == labels
+    image = dataset[4][0]  # row 4: class 1, image 1
+    assert torch.equal(image, centre_square(ImageDecoder("pil", 3, 16).decode("x", jpeg(1, 1)), 16))
+
+
+def test_a_dataset_without_the_tasks_columns_names_them_and_the_key_to_set(tmp_path):
+    rows = cifar100_like(1).rename_column("img", "picture")
+    DatasetDict({"train": rows}).save_to_disk(tmp_path / "c100")
+    with pytest.raises(ConfigError) as error:
+        build_parts(hf_cfg(tmp_path / "c100"), Ranks(), "none", CPU)
+    assert str(error.value) == (
+        "data.fields.inputs=null is not allowed; the dataset has none of the columns the task "
+        "reads as inputs (inputs, pixel_values, image, img, x); its columns are: picture, "
+        "fine_label, coarse_label; name the one of encoded images: data.fields.inputs=NAME"
+    )
+
+
+def write_parquet_train(tmp_path, damaged_row: int | None = None):
+    """21 training rows in two uncompressed Parquet files (12 + 9 rows); `damaged_row`:
+    that row's JPEG bytes overwritten in the file, as a disk or a copy damages a file."""
+    import pyarrow.parquet as pq
+
+    rows = image_rows(7)
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    for n, (start, end) in enumerate([(0, 12), (12, 21)]):
+        file = folder / f"train-0000{n}-of-00002.parquet"
+        pq.write_table(rows.select(range(start, end)).data.table, file, compression="none")
+        if damaged_row is not None and start <= damaged_row < end:
+            data = file.read_bytes()
+            k, i = damaged_row % 3, damaged_row // 3
+            at = data.index(jpeg(k, i)) + 400  # past the JPEG's headers: damage in the pixels
+            file.write_bytes(data[:at] + bytes(400) + data[at + 400 :])
+    return folder
+
+
+def test_an_image_that_does_not_decode_is_named_by_split_file_and_row(tmp_path):
+    folder = write_parquet_train(tmp_path, damaged_row=15)
+    train, _ = build_data(hf_cfg(folder, "data.decoder=pil"), CPU)
+    with pytest.raises(Exception) as error:
+        train.loader.dataset[15]
+    assert str(error.value).startswith(
+        "cannot decode image row 15 of split 'train' (train-00001-of-00002.parquet, its row 3): "
+    ), str(error.value)
+    subset = build_data(hf_cfg(folder, "data.decoder=pil", "data.num_samples=18"), CPU)[0]
+    kept = [i for i in range(18) if subset.loader.dataset.origin(i).startswith("row 15 ")]
+    with pytest.raises(
+        Exception, match=r"^cannot decode image row 15 of split 'train' \(train-00001"
+    ):
+        subset.loader.dataset[kept[0]]  # a seeded subset names the row of the split
+
+
+def test_a_save_to_disk_row_that_does_not_decode_is_named_by_split_and_arrow_file(tmp_path):
+    rows = image_rows(1, offset=7).map(lambda r, i: {"image": {"bytes": b"junk" * 8, "path": None}} if i == 1 else {}, with_indices=True)  # fmt: skip
+    DatasetDict({"train": image_rows(7), "validation": rows}).save_to_disk(tmp_path / "disk")
+    _, val = build_data(hf_cfg(tmp_path / "disk", "data.decoder=pil"), CPU)
+    with pytest.raises(Exception) as error:
+        val.loader.dataset[1]
+    assert str(error.value) == (
+        "cannot decode image row 1 of split 'validation' "
+        "(validation/data-00000-of-00001.arrow, its row 1): not an image file PIL can "
+        "identify (32 bytes, starting 6a756e6b)"
+    )
+
+
+def test_a_truncated_parquet_file_is_named(tmp_path):
+    folder = write_parquet_train(tmp_path)
+    second = folder / "train-00001-of-00002.parquet"
+    second.write_bytes(second.read_bytes()[: second.stat().st_size // 2])
+    with pytest.raises(ConfigError) as error:
+        build_data(hf_cfg(folder), CPU)
+    assert str(error.value) == (
+        f"data.path='{folder}' is not allowed; {second} is not a readable Parquet file "
+        "(ArrowInvalid: Parquet magic bytes not found in footer. Either the file is corrupted "
+        "or this is not a parquet file.)"
+    ), str(error.value)
 
 
 # ---------------------------------------------------------------- a text column for task=lm

@@ -89,7 +89,7 @@ def test_a_sample_the_task_cannot_read_is_one_line_naming_both_sides():
     assert message.startswith(
         "task._target_='gearshift.tasks.classification.Classification' cannot read the "
         "samples: their fields are pixels, label, meta; it reads inputs from one of: inputs, "
-        "pixel_values, image, img, x; targets from one of: targets, label, labels, y"
+        "pixel_values, image, img, x; targets from one of: targets, label, labels, fine_label, y"
     )
     with pytest.raises(ConfigError, match=r"^data.fields=\{'targets': 'y'\} is not allowed; the samples' fields are pixel_values, label, meta; expected inputs"):  # fmt: skip
         FieldReader(task, {"targets": "y"}).check(HFStyle(2))

@@ -164,8 +164,8 @@ def build_parts(
     channels_last = cfg.memory_format.channels_last  # tip 16: channels_last
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     task = build_task(cfg.task)
-    train_set, val_set = build_datasets(cfg.data, device)  # tips 1, 4, 6: where data lives
     read = FieldReader(task, cfg.data.get("fields"))  # dict samples: which fields the task reads
+    train_set, val_set = build_datasets(cfg.data, device, read.names())  # tips 1, 4, 6
     read.check(train_set)  # a sample the task cannot read: one line, before any work
     check_input_shape(cfg.task, task, read, train_set)  # and inputs of another shape
     resumed_size = saved.config.get("batch_size") if saved else None

@@ -17,13 +17,14 @@ from hydra.errors import InstantiationException
 from gearshift.config.checks import ConfigError, locate
 
 
-def accepts(fn: Any, name: str) -> bool:
-    """Whether `fn` takes a keyword argument `name` (or any keyword argument)."""
+def accepts(fn: Any, name: str, by_name: bool = False) -> bool:
+    """Whether `fn` takes a keyword argument `name` (or, unless `by_name`, any keyword
+    argument)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature
         return False
-    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+    return any(p.name == name or (p.kind is p.VAR_KEYWORD and not by_name) for p in parameters)
 
 
 def instantiate(key: str, node: Mapping[str, Any], **extra: Any) -> Any:

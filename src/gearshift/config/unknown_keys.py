@@ -14,6 +14,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 _LISTED = 12  # keys named when none is close; more would not fit a line
+MOVED = {  # old spelling -> the key that took its place
+    "data.image_column": "data.fields.inputs",
+    "data.label_column": "data.fields.targets",
+}
 
 
 def describe_unknown_key(cause: BaseException, overrides: Sequence[str]) -> str | None:
@@ -28,6 +32,11 @@ def describe_unknown_key(cause: BaseException, overrides: Sequence[str]) -> str 
     path = full_key.rpartition(".")[0]
     where = f"the {path} node" if path else "the config"
     given = _setting(full_key, overrides)
+    if full_key in MOVED:
+        value = given.partition("=")[2]
+        return (
+            f"{given} is not allowed; the key is now {MOVED[full_key]}: {MOVED[full_key]}={value}"
+        )
     keys = sorted(str(k) for k in node)
     line = f"{given} is not allowed; {where} has no key {key!r}; {_closest(key, keys)}"
     if OmegaConf.get_type(node) is not dict:  # a typed node of the schema: its keys are fixed

@@ -11,6 +11,9 @@ of batched tensors); on the way to the task, `FieldReader` takes a dict batch ap
   are tried in order: `image`/`pixel_values` + `label` for the image tasks, `input_ids`
   (+ `labels`) for `task=lm`.
 
+A source that reads named columns itself (`data=hf`: which column to decode as images) is
+given the same names (`FieldReader.names`), so one key, `data.fields`, maps both.
+
 The Task seam is unchanged: a task always receives `(inputs, targets)`. A task whose
 targets derive from the inputs (`task=lm`: the next tokens) says so in `from_fields`.
 """
@@ -32,7 +35,7 @@ class FieldReader:
     """Reads a collated batch as the task's `(inputs, targets)`."""
 
     def __init__(self, task: Any, fields: Mapping[str, Any] | None = None) -> None:
-        fields = dict(fields or {})
+        fields = {k: v for k, v in (fields or {}).items() if v is not None}  # None: not set
         unknown = set(fields) - {"inputs", "targets"}
         if unknown:
             raise ConfigError(
@@ -44,6 +47,14 @@ class FieldReader:
         self.target_fields = _names(fields.get("targets")) or tuple(task.target_fields)
         self.targets_optional = getattr(task, "targets_optional", False)
         self.keys: tuple[str, str | None] | None = None  # found on the first dict batch
+
+    def names(self) -> dict[str, str | tuple[str, ...]]:
+        """What a source that picks its own columns (`data=hf`) is told: per key the name
+        `data.fields` gives, else the task's names to try in order."""
+        return {
+            "inputs": self.chosen.get("inputs") or self.input_fields,
+            "targets": self.chosen.get("targets") or self.target_fields,
+        }
 
     def __call__(self, batch: Any) -> Batch:
         if not isinstance(batch, Mapping):

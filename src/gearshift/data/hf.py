@@ -13,16 +13,20 @@ with `data.streaming=true` a stream of row ranges read in order (`HFStream`). Th
 image column is read as its encoded bytes (`datasets.Image(decode=False)`) and decoded in
 the loader's workers by data/decode.py's decoders into a uint8 image of the training size,
 the uint8 path of `data=imagefolder`. Labels come from the label column (its ClassLabel
-names count the classes). A column the config names that the dataset lacks stops the run
-at start with one line listing the columns it has.
+names count the classes). Which columns: `data.fields.inputs` / `data.fields.targets`,
+else the task's field names tried in order (`image`, `img`, ... and `label`, `fine_label`,
+...), as for dict samples of any source (data/fields.py). A column the config names that
+the dataset lacks stops the run at start with one line listing the columns it has; an
+unreadable Parquet file, or an image that does not decode, is named with its file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -73,9 +77,13 @@ def _offline(datasets: Any) -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
 
 
-def load(path: str | None, name: str | None) -> Any:
+Files = dict[str, tuple[tuple[str, int], ...]]  # split -> (file, rows) in the rows' order
+
+
+def load(path: str | None, name: str | None) -> tuple[Any, Files]:
     """The Dataset or DatasetDict at `path` (a save_to_disk folder, a folder of data files,
-    one data file) or, by `name`, from the local cache."""
+    one data file) or, by `name`, from the local cache; and the files each split's rows
+    come from, where known (named in the message of a row that does not decode)."""
     datasets = _datasets()
     if (path is None) == (name is None):
         raise ConfigError(
@@ -85,7 +93,7 @@ def load(path: str | None, name: str | None) -> Any:
     if name is not None:
         try:
             with _offline(datasets):
-                return datasets.load_dataset(name)
+                return datasets.load_dataset(name), {}
         except Exception as error:  # the Hub client raises many kinds; all mean "not cached"
             raise ConfigError(
                 f"data.name={name!r} is not allowed; it is not in the local Hugging Face "
@@ -96,7 +104,9 @@ def load(path: str | None, name: str | None) -> Any:
     if not where.exists():
         raise ConfigError(f"data.path={path!r} is not allowed; no such file or folder")
     if where.is_dir() and any((where / f).is_file() for f in ("dataset_dict.json", "state.json")):
-        return datasets.load_from_disk(str(where))
+        loaded = datasets.load_from_disk(str(where))
+        parts = loaded if hasattr(loaded, "keys") else {"train": loaded}
+        return loaded, {split: _arrow_files(rows, where) for split, rows in parts.items()}
     if where.is_file():
         kind = where.suffix.lower().lstrip(".").replace("jsonl", "json")
         if "." + kind not in DATA_FILES:
@@ -104,13 +114,88 @@ def load(path: str | None, name: str | None) -> Any:
                 f"data.path={path!r} is not allowed; expected a save_to_disk folder, a folder "
                 f"of data files or one file ({', '.join(DATA_FILES)})"
             )
-        return datasets.load_dataset(kind, data_files={"train": str(where)})
-    if not any(p.suffix.lower() in DATA_FILES for p in where.rglob("*")):
+        builder = datasets.load_dataset_builder(kind, data_files={"train": str(where)})
+    elif not any(p.suffix.lower() in DATA_FILES for p in where.rglob("*")):
         raise ConfigError(
             f"data.path={path!r} is not allowed; the folder holds no save_to_disk dataset "
             f"(dataset_dict.json or state.json) and no data files ({', '.join(DATA_FILES)})"
         )
-    return datasets.load_dataset(str(where))
+    else:
+        builder = datasets.load_dataset_builder(str(where))
+    # as load_dataset does, with the files it resolved kept: a Parquet file is read (its
+    # footer) before the copy to Arrow, so a damaged one is named
+    files = {
+        str(split): tuple((_shown(f, where), _parquet_rows(f, path)) for f in names)
+        for split, names in builder.config.data_files.items()
+    }
+    try:
+        builder.download_and_prepare()
+    except Exception as error:  # pyarrow's and datasets' errors of a file that does not read
+        for names in builder.config.data_files.values():
+            for file in names:
+                _parquet_rows(file, path, read=True)  # the damaged one raises, named
+        raise ConfigError(
+            f"data.path={path!r} is not allowed; datasets could not read its files "
+            f"({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+        ) from None
+    return builder.as_dataset(), {s: f for s, f in files.items() if all(n >= 0 for _, n in f)}
+
+
+def _shown(file: str, where: Path) -> str:
+    """A data file as the messages name it: relative to data.path's folder."""
+    folder = where if where.is_dir() else where.parent
+    file = file.removeprefix("file://")
+    return os.path.relpath(file, folder) if file.startswith(str(folder)) else file
+
+
+def _parquet_rows(file: str, path: str, read: bool = False) -> int:
+    """Rows of a Parquet file from its footer (-1 for other kinds); with `read`, every row
+    group read too. One line naming the file if it does not read."""
+    if not file.lower().endswith(".parquet"):
+        return -1
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(file.removeprefix("file://"))
+        for group in range(parquet.num_row_groups if read else 0):
+            parquet.read_row_group(group)
+        return parquet.metadata.num_rows
+    except Exception as error:  # ArrowInvalid, OSError: the file is not what it says
+        raise ConfigError(
+            f"data.path={path!r} is not allowed; {file.removeprefix('file://')} is not a "
+            f"readable Parquet file ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+        ) from None
+
+
+def _arrow_files(rows: Any, where: Path) -> tuple[tuple[str, int], ...]:
+    """A save_to_disk split's Arrow files and their rows, in the rows' order."""
+    import pyarrow as pa
+
+    files = []
+    for cache in rows.cache_files:
+        with pa.memory_map(cache["filename"]) as source:  # mapped: counting reads no rows
+            count = pa.ipc.open_stream(source).read_all().num_rows
+        files.append((_shown(cache["filename"], where), count))
+    return tuple(files)
+
+
+@dataclass(frozen=True)
+class RowOrigin:
+    """Where a row of the dataset came from: its split, and the file and row in the file
+    where the split's files are known; `keep` maps a row of a subset to its split's."""
+
+    split: str
+    files: tuple[tuple[str, int], ...] = ()
+    keep: tuple[int, ...] | None = None
+
+    def __call__(self, index: int) -> str:
+        row = self.keep[index] if self.keep is not None else index
+        place, first = f"row {row} of split {self.split!r}", 0
+        for file, count in self.files:
+            if row < first + count:
+                return f"{place} ({file}, its row {row - first})"
+            first += count
+        return place
 
 
 def splits(loaded: Any, split: str, val_split: str | None) -> tuple[Any, Any | None]:
@@ -118,9 +203,7 @@ def splits(loaded: Any, split: str, val_split: str | None) -> tuple[Any, Any | N
     `val_split="auto"`: "validation", "valid", "val" or "test", the first present (or none)."""
     if not hasattr(loaded, "keys"):  # one Dataset: training only
         return loaded, None
-    names = list(loaded.keys())
-    if val_split == "auto":  # the usual names, in the order datasets' builders use them
-        val_split = next((n for n in VAL_SPLITS if n in names and n != split), None)
+    names, val_split = list(loaded.keys()), val_split_name(loaded, split, val_split)
     if split not in names:
         raise ConfigError(
             f"data.split={split!r} is not allowed; the dataset's splits are: {', '.join(names)}"
@@ -131,6 +214,15 @@ def splits(loaded: Any, split: str, val_split: str | None) -> tuple[Any, Any | N
             f"{', '.join(names)} (or null: no validation)"
         )
     return loaded[split], (loaded[val_split] if val_split is not None else None)
+
+
+def val_split_name(loaded: Any, split: str, val_split: str | None) -> str | None:
+    """`val_split`, or for "auto" the first of the usual names present, in the order
+    datasets' builders use them (None: no validation)."""
+    if val_split != "auto":
+        return val_split
+    names = list(loaded.keys()) if hasattr(loaded, "keys") else []
+    return next((n for n in VAL_SPLITS if n in names and n != split), None)
 
 
 def check_columns(dataset: Any, wanted: dict[str, str | None]) -> None:
@@ -144,26 +236,62 @@ def check_columns(dataset: Any, wanted: dict[str, str | None]) -> None:
             )
 
 
-def check_kinds(dataset: Any, image_column: str, label_column: str) -> None:
-    """Encoded images in the image column, integers in the label column: one line otherwise."""
+DEFAULT_FIELDS = {"inputs": "image", "targets": "label"}  # hf() called on its own
+
+
+def choose_columns(dataset: Any, fields: Mapping[str, str | Sequence[str]]) -> tuple[str, str]:
+    """(image column, label column): a name `data.fields` gives, or the first present of
+    the task's names; one line if none is, or a column holds the wrong kind."""
     from datasets import ClassLabel, Image, Value
 
-    image, label = dataset.features[image_column], dataset.features[label_column]
-    if not isinstance(image, Image):
+    present = list(dataset.column_names)
+    chosen = []
+    for key, kind in (("inputs", "encoded images"), ("targets", "integer labels")):
+        names = fields[key]
+        if isinstance(names, str):
+            check_columns(dataset, {f"fields.{key}": names})
+            chosen.append(names)
+            continue
+        found = next((n for n in names if n in present), None)
+        if found is None:
+            raise ConfigError(
+                f"data.fields.{key}=null is not allowed; the dataset has none of the columns "
+                f"the task reads as {key} ({', '.join(names)}); its columns are: "
+                f"{', '.join(present)}; name the one of {kind}: data.fields.{key}=NAME"
+            )
+        chosen.append(found)
+    image, label = chosen
+    if not isinstance(dataset.features[image], Image):
         raise ConfigError(
-            f"data.image_column={image_column!r} is not allowed; it holds {image}, expected "
-            "encoded images (datasets.Image)"
+            f"data.fields.inputs={image!r} is not allowed; it holds {dataset.features[image]}, "
+            "expected encoded images (datasets.Image)"
         )
-    if not (isinstance(label, ClassLabel) or (isinstance(label, Value) and "int" in label.dtype)):
+    feature = dataset.features[label]
+    if not (isinstance(feature, ClassLabel) or (isinstance(feature, Value) and "int" in feature.dtype)):  # fmt: skip
         raise ConfigError(
-            f"data.label_column={label_column!r} is not allowed; it holds {label}, expected "
+            f"data.fields.targets={label!r} is not allowed; it holds {feature}, expected "
             "integer labels (a ClassLabel or an integer Value)"
         )
+    return image, label
 
 
-def class_names(dataset: Any, label_column: str) -> list[str] | None:
-    feature = dataset.features[label_column]
-    return list(feature.names) if hasattr(feature, "names") else None
+def check_labels(sets: Sequence[Any], label: str, num_classes: int) -> None:
+    """A ClassLabel's names count `num_classes`; every label is in 0..num_classes-1."""
+    names = getattr(sets[0].features[label], "names", None)
+    if names is not None and len(names) != num_classes:
+        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+        raise ConfigError(
+            f"data.num_classes={num_classes} is not allowed; the label column "
+            f"{label!r} has {len(names)} classes ({shown}); set data.num_classes={len(names)}"
+        )
+    for rows in sets:
+        labels = np.asarray(rows[label]) if rows is not None and len(rows) else None
+        if labels is not None and (labels.min() < 0 or labels.max() >= num_classes):
+            raise ConfigError(
+                f"data.num_classes={num_classes} is not allowed; the label column "
+                f"{label!r} holds labels {int(labels.min())}..{int(labels.max())}: "
+                f"expected 0..{num_classes - 1}"
+            )
 
 
 class HFImages(Dataset):
@@ -178,6 +306,7 @@ class HFImages(Dataset):
         transform: Any,
         device_transforms: dict[str, Any] | None,
         gears: dict[str, Any],
+        origin: RowOrigin | None = None,
     ) -> None:
         from datasets import Image
 
@@ -188,6 +317,7 @@ class HFImages(Dataset):
         self.image_column, self.label_column = image_column, label_column
         self.decoder, self.size = decoder, decoder.size
         self.transform, self.device_transforms, self.gears = transform, device_transforms, gears
+        self.origin = origin or RowOrigin("train")
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -198,7 +328,7 @@ class HFImages(Dataset):
 
     def sample(self, index: int, image: dict, label: int) -> tuple[torch.Tensor, int]:
         """Row `index`'s image ({"bytes", "path"}, as datasets stores it) decoded, its label."""
-        where = f"row {index}"
+        where = self.origin(index)
         try:
             data = image["bytes"]
             if data is None:  # a path-only image: the file it names
@@ -274,8 +404,7 @@ def hf(
     name: str | None = None,
     split: str = "train",
     val_split: str | None = "auto",
-    image_column: str = "image",
-    label_column: str = "label",
+    fields: Mapping[str, str | Sequence[str]] | None = None,
     image_size: int = 224,
     channels: int = 3,
     num_samples: int | None = None,
@@ -289,53 +418,35 @@ def hf(
     streaming: bool = False,
 ) -> tuple[HFImages | HFStream, HFImages | HFStream | None]:
     """`data=hf`: image classification from a Hugging Face dataset, rows by index
-    (`HFImages`), or with `streaming` read in order as a stream of pieces (`HFStream`)."""
+    (`HFImages`), or with `streaming` read in order as a stream of pieces (`HFStream`).
+    `fields`: per key (inputs, targets) the column, or the names to try in order."""
     data = SimpleNamespace(**locals())
-    train_rows, val_rows = splits(load(path, name), split, val_split)
-    columns = {"image_column": image_column, "label_column": label_column}
-    for rows in (train_rows, val_rows):
-        if rows is not None:
-            check_columns(rows, columns)
-    check_kinds(train_rows, image_column, label_column)
-    names = class_names(train_rows, label_column)
-    if names is not None and len(names) != num_classes:
-        shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
-        raise ConfigError(
-            f"data.num_classes={num_classes} is not allowed; the label column "
-            f"{label_column!r} has {len(names)} classes ({shown}); set data.num_classes={len(names)}"
-        )
-    for rows in (train_rows, val_rows):
-        labels = np.asarray(rows[label_column]) if rows is not None and len(rows) else None
-        if labels is not None and (labels.min() < 0 or labels.max() >= num_classes):
-            raise ConfigError(
-                f"data.num_classes={num_classes} is not allowed; the label column "
-                f"{label_column!r} holds labels {int(labels.min())}..{int(labels.max())}: "
-                f"expected 0..{num_classes - 1}"
-            )
-    chosen, reason = _decoder_for(data, train_rows, image_column)
+    loaded, files = load(path, name)
+    val_name = val_split_name(loaded, split, val_split)
+    train_rows, val_rows = splits(loaded, split, val_name)
+    image, label = choose_columns(train_rows, {**DEFAULT_FIELDS, **(fields or {})})
+    if val_rows is not None:
+        check_columns(val_rows, {"fields.inputs": image, "fields.targets": label})
+    check_labels([train_rows, val_rows], label, num_classes)
+    chosen, reason = _decoder_for(data, train_rows, image)
     gears = {"data_batch_dtype": batch_dtype, "decoder": chosen.name, "decoder_reason": reason}
     sets = []
-    for rows, limit, train in ((train_rows, num_samples, True), (val_rows, num_val_samples, False)):
+    for rows, limit, train, which in (
+        (train_rows, num_samples, True, split), (val_rows, num_val_samples, False, val_name)
+    ):  # fmt: skip
         if rows is None or limit == 0:
             sets.append(None)
             continue
         keep = take(len(rows), limit, split_seed)
-        if keep is not None:
-            rows = rows.select(keep)
+        origin = RowOrigin(which, files.get(which, ()), None if keep is None else tuple(keep))
+        rows = rows if keep is None else rows.select(keep)
+        transform = host_transform(data, train)
         sets.append(
-            HFImages(
-                rows,
-                image_column,
-                label_column,
-                chosen,
-                host_transform(data, train),
-                device_stage(data),
-                gears,
-            )
+            HFImages(rows, image, label, chosen, transform, device_stage(data), gears, origin)
         )
     log.info(
-        "data: %d training and %d validation rows from %s",
-        len(sets[0]), len(sets[1]) if sets[1] is not None else 0, path or name,
+        "data: %d training and %d validation rows from %s (images %r, labels %r)",
+        len(sets[0]), len(sets[1]) if sets[1] is not None else 0, path or name, image, label,
     )  # fmt: skip
     if streaming:
         return HFStream(sets[0]), (HFStream(sets[1]) if sets[1] is not None else None)

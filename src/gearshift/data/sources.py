@@ -13,7 +13,8 @@ validation). The built-in ones (`data=synthetic`, `imagefolder`, `cifar10`,
   `stage_to` stages what it reads itself; for any other, the folder `data.path` is staged
   and the source gets the staged copy's path.
 - `data.fields`: `{inputs: NAME, targets: NAME}`, the fields of dict samples the task
-  reads (data/fields.py); without it, the task's own field names.
+  reads (data/fields.py); without it, the task's own field names. A source that takes
+  `fields` (`data=hf`: its columns) gets those names.
 """
 
 from __future__ import annotations
@@ -35,12 +36,19 @@ from gearshift.data.streams import stream_length
 TRAINER_KEYS = ("on_device", "stage_to", "fields")
 
 
-def build_datasets(data: DictConfig, device: torch.device) -> tuple[Dataset, Dataset | None]:
-    """(train, validation or None) from the data node, on `device` when `data.on_device`."""
+def build_datasets(
+    data: DictConfig, device: torch.device, fields: Mapping[str, Any] | None = None
+) -> tuple[Dataset, Dataset | None]:
+    """(train, validation or None) from the data node, on `device` when `data.on_device`.
+    `fields`: the names the task reads (`FieldReader.names`), for a source that takes them;
+    None: `data.fields` as given."""
     node: dict[str, Any] = OmegaConf.to_container(data, resolve=True)
-    on_device, stage_to, _fields = (node.pop(key, None) for key in TRAINER_KEYS)  # fields: build.py
+    on_device, stage_to, chosen = (node.pop(key, None) for key in TRAINER_KEYS)
     source = locate("data._target_", node.get("_target_"))
     extra: dict[str, Any] = {}
+    chosen = {k: v for k, v in (chosen or {}).items() if v is not None}
+    if accepts(source, "fields", by_name=True) and (fields or chosen):
+        extra["fields"] = fields or chosen
     if on_device:
         if not accepts(source, "device"):
             raise ConfigError(

@@ -40,7 +40,7 @@ class Task(ABC):
     # The field names a dict sample (a Hugging Face dataset's, your own) is read by, in
     # order of preference; `data.fields.inputs` / `data.fields.targets` override them.
     input_fields: tuple[str, ...] = ("inputs", "pixel_values", "image", "img", "x")
-    target_fields: tuple[str, ...] = ("targets", "label", "labels", "y")
+    target_fields: tuple[str, ...] = ("targets", "label", "labels", "fine_label", "y")
     targets_optional: bool = False  # True: a sample without a target field is readable
 
     def from_fields(self, inputs: Any, targets: Any | None) -> Batch:
