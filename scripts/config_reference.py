@@ -295,8 +295,19 @@ def on_files(files, config):
 
 def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri == REFERENCE_PAGE:
-        return markdown.rstrip("\n") + "\n\n" + reference()
-    return markdown
+        markdown = markdown.rstrip("\n") + "\n\n" + reference()
+    return unescape_table_code(markdown)
+
+
+def unescape_table_code(markdown: str) -> str:
+    """`a\\|b` in a table row's code span as `a|b`: GitHub needs the backslash there, and
+    Python-Markdown, which keeps a code span's pipes in their cell, would show it."""
+    return "\n".join(
+        re.sub(r"`[^`\n]*`", lambda m: m[0].replace("\\|", "|"), line)
+        if line.startswith("|")
+        else line
+        for line in markdown.split("\n")
+    )
 
 
 if __name__ == "__main__":
