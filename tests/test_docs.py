@@ -13,6 +13,7 @@ import importlib.util
 import re
 
 import pytest
+import yaml
 from helpers import ROOT
 
 PACKAGE = "src/gearshift/"
@@ -103,6 +104,21 @@ def test_the_readme_is_a_front_page_whose_links_reach_the_manual():
     outside = [link for link in relative if not link.startswith("docs/")]
     missing = [link for link in relative if not (ROOT / link).is_file()]
     assert outside == [] and missing == [], (outside, missing)
+
+
+def test_the_readmes_make_it_yours_is_the_pages_example():
+    # the README's short form of docs/make-it-yours.md (which tests/test_make_it_yours.py
+    # trains): the same config, and the same command
+    readme = (ROOT / "README.md").read_text().split("\n## Make it yours\n", 1)[1]
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    config = re.search(r"^```yaml\n(.*?)^```$", readme, re.S | re.M)[1]
+    example = re.search(r"^```yaml\n(# @package _global_\n.*?)^```$", page, re.S | re.M)[1]
+    assert yaml.safe_load(config) == yaml.safe_load(example)
+    [readme_command] = [
+        line for line in readme.split("\n## ", 1)[0].splitlines() if "train.py" in line
+    ]
+    [page_command] = [line for line in page.splitlines() if line.startswith("PYTHONPATH=. ")]
+    assert readme_command.endswith(page_command)
 
 
 def test_every_page_is_in_the_sites_nav():
