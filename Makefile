@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-all bench bench-data ablation report slurm-up slurm-down docker lint format clean
+.PHONY: help install train test test-all bench bench-data ablation report docs docs-serve slurm-up slurm-down docker lint format clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -42,6 +42,14 @@ report: $(VENV)/.installed ## a sweep folder's report (gear ablation or Optuna s
 	@test -n "$(DIR)" || { echo "usage: make report DIR=<sweep folder>" >&2; exit 2; }
 	$(PY) scripts/report.py "$(DIR)"
 
+docs: $(VENV)/.installed ## build the manual (MkDocs Material) into site/; --strict: a broken link or anchor fails
+	@$(PY) -c "import mkdocs, material" 2>/dev/null || $(PY) -m pip install --quiet -e '.[docs]'
+	$(PY) -m mkdocs build --strict
+
+docs-serve: $(VENV)/.installed ## serve the manual at http://127.0.0.1:8000, rebuilt on every edit
+	@$(PY) -c "import mkdocs, material" 2>/dev/null || $(PY) -m pip install --quiet -e '.[docs]'
+	$(PY) -m mkdocs serve
+
 slurm-up: ## start a two-node SLURM cluster on this machine (root; installs slurm + munge)
 	bash scripts/slurm/up.sh
 
@@ -62,4 +70,4 @@ format: $(VENV)/.installed ## apply ruff's fixes and formatting
 	$(PY) -m ruff format .
 
 clean: ## remove run folders and caches (keeps .venv)
-	rm -rf runs multirun outputs .pytest_cache .ruff_cache
+	rm -rf runs multirun outputs site .pytest_cache .ruff_cache

@@ -41,10 +41,8 @@ def test_no_rounds_is_one_error_line_and_no_sweep_folder(tmp_path):
 
 
 def readme_ablation_commands() -> list[list[str]]:
-    """The argument lists of the `make ablation ARGS=...` lines in the README's section."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Sweeps, the gear ablation and its report\n", 1)[1]
-    section = section.split("\n## ", 1)[0]
+    """The argument lists of the `make ablation ARGS=...` lines of docs/sweeps.md."""
+    section = (ROOT / "docs" / "sweeps.md").read_text()
     blocks = re.findall(r"^```bash\n(.*?)^```$", section, re.S | re.M)
     commands = []
     for line in (line for block in blocks for line in block.splitlines()):
@@ -59,7 +57,7 @@ def test_the_readmes_ablation_commands_compose():
     commands = readme_ablation_commands()
     assert [] in commands and ["sweep.rounds=3"] in commands
     for args in commands:
-        params = ablation_params(*args)  # raises if the README names a key that is not there
+        params = ablation_params(*args)  # raises if the page names a key that is not there
         rounds = next((a.split("=")[1] for a in args if "sweep.rounds" in a), "5")
         assert params.seed == f"range(0,{rounds})"
 

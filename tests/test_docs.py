@@ -1,14 +1,19 @@
-"""The docs name every module and script: README's "Layout" and docs/architecture.md's tables.
+"""The docs cannot drift: they name every module and script (docs/layout.md's "Layout" and
+docs/architecture.md's tables), the README stays a short front page whose links reach the
+manual, every page is in the site's nav, and the generated config reference lists every key.
 
 A module added without a line in both fails here, so the maps a reader starts from cannot
-fall behind the code.
+fall behind the code. (`make docs`, in CI, builds the site with --strict: every link and
+anchor of every page, the README's included.)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
+import yaml
 from helpers import ROOT
 
 PACKAGE = "src/gearshift/"
@@ -37,12 +42,12 @@ def listed(path: str, entries: dict[str, str]) -> bool:
     )
 
 
-def readme_layout() -> dict[str, str]:
-    """README "Layout": {path: its text} per entry. An entry starts at column 0 (a path from
-    the repository's root) or 2 (one inside the last folder at column 0); deeper lines
-    continue the entry above."""
-    readme = (ROOT / "README.md").read_text()
-    block = readme.split("\n## Layout\n", 1)[1].split("```", 2)[1]
+def layout_page() -> dict[str, str]:
+    """docs/layout.md's "Layout": {path: its text} per entry. An entry starts at column 0 (a
+    path from the repository's root) or 2 (one inside the last folder at column 0); deeper
+    lines continue the entry above."""
+    page = (ROOT / "docs" / "layout.md").read_text()
+    block = page.split("\n## Layout\n", 1)[1].split("```", 2)[1]
     entries: dict[str, str] = {}
     top = path = ""
     for line in block.splitlines()[1:]:
@@ -74,7 +79,7 @@ def architecture_tables() -> dict[str, str]:
 
 @pytest.mark.parametrize(
     ("where", "entries"),
-    [("README.md Layout", readme_layout), ("docs/architecture.md", architecture_tables)],
+    [("docs/layout.md Layout", layout_page), ("docs/architecture.md", architecture_tables)],
 )
 def test_every_module_and_script_is_in_the_docs(where, entries):
     found = entries()
@@ -88,6 +93,57 @@ def test_the_check_finds_a_missing_module():
     assert not listed("src/gearshift/data/tokens.py", entries)  # named nowhere
     assert not listed("src/gearshift/observe/sources.py", entries)  # another folder's
     assert not listed("src/gearshift/data/seam.py", {"src/gearshift/data/": "data/ myseam.py"})
+
+
+def test_the_readme_is_a_front_page_whose_links_reach_the_manual():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    links = re.findall(r"\]\(([^)]+)\)", readme)
+    relative = [link.split("#")[0] for link in links if not re.match(r"\w+:", link)]
+    assert relative, "the README links into docs/"
+    outside = [link for link in relative if not link.startswith("docs/")]
+    missing = [link for link in relative if not (ROOT / link).is_file()]
+    assert outside == [] and missing == [], (outside, missing)
+
+
+def test_the_readmes_make_it_yours_is_the_pages_example():
+    # the README's short form of docs/make-it-yours.md (which tests/test_make_it_yours.py
+    # trains): the same config, and the same command
+    readme = (ROOT / "README.md").read_text().split("\n## Make it yours\n", 1)[1]
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    config = re.search(r"^```yaml\n(.*?)^```$", readme, re.S | re.M)[1]
+    example = re.search(r"^```yaml\n(# @package _global_\n.*?)^```$", page, re.S | re.M)[1]
+    assert yaml.safe_load(config) == yaml.safe_load(example)
+    [readme_command] = [
+        line for line in readme.split("\n## ", 1)[0].splitlines() if "train.py" in line
+    ]
+    [page_command] = [line for line in page.splitlines() if line.startswith("PYTHONPATH=. ")]
+    assert readme_command.endswith(page_command)
+
+
+def test_every_page_is_in_the_sites_nav():
+    nav = (ROOT / "mkdocs.yml").read_text().split("\nnav:\n", 1)[1]
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert [page for page in pages if f": {page}\n" not in nav] == []
+    assert ": index.md\n" in nav  # README.md, made the front page by the hook
+
+
+def test_the_config_reference_lists_every_key_of_the_composed_config():
+    config_reference = load_script("config_reference")
+    config = config_reference.composed_config()  # what `python train.py --cfg job` prints
+    keys = config_reference.leaves(config)
+    assert {"amp.dtype", "optimizer.lr", "data._target_", "model.init_from", "seed"} <= set(keys)
+    text = config_reference.reference()
+    assert [key for key in keys if f"| `{key}` |" not in text] == []
+    # each group's options are its files in conf/, and a constant's values are listed
+    assert "`amp=bf16|fp16|off|on`" in text and "`none`, `auto`, `bfloat16`, `float16`" in text
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # A comment that cites a tip of docs/gears.md by its number alone: "# 18", "# 1, 4, 6",

@@ -1,4 +1,4 @@
-"""The README's "Make it yours" example as it stands: its package and config are written into
+"""The "Make it yours" example (docs/make-it-yours.md) as it stands: its package and config are written into
 a folder of their own and trained from the command line, with gears, under DDP, with
 batch_size=auto, and stopped by SIGTERM and resumed; bad targets and run folders that cannot
 be made end with one line."""
@@ -23,10 +23,9 @@ from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoin
 
 
 def readme_example() -> tuple[dict[str, str], list[str]]:
-    """The section's files ({path: text}: the blocks with a `# <path>` line) and the
+    """The page's files ({path: text}: the blocks with a `# <path>` line) and the
     arguments of its `train.py` command."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Make it yours\n", 1)[1].split("\n## ", 1)[0]
+    section = (ROOT / "docs" / "make-it-yours.md").read_text()
     blocks = re.findall(r"^```(\w*)\n(.*?)^```$", section, re.S | re.M)
     files = {}
     for language, text in blocks:
@@ -43,7 +42,7 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
 
 
 FILES, COMMAND = readme_example()
-# Small and quiet; the README's own sizes are for real training.
+# Small and quiet; the page's own sizes are for real training.
 TINY = (
     "logger=none",
     "progress_bar=false",
@@ -65,7 +64,7 @@ def test_the_readme_example_is_complete():
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
-    """A folder of one's own holding the README's package and config."""
+    """A folder of one's own holding the page's package and config."""
     for name, text in FILES.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -73,7 +72,7 @@ def work(tmp_path: Path) -> Path:
 
 
 def command(work: Path, *overrides: str, example: bool = True) -> tuple[list[str], dict]:
-    """`PYTHONPATH=. python train.py <the README's arguments> TINY overrides`, in `work`."""
+    """`PYTHONPATH=. python train.py <the page's arguments> TINY overrides`, in `work`."""
     paths = [str(work), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     arguments = [*(COMMAND if example else ()), *TINY, *overrides]
@@ -242,7 +241,7 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(work, where):
 
 
 def test_a_misspelt_experiment_of_yours_is_one_line_that_lists_yours(work):
-    done = train(work, COMMAND[0], "experiment=denoize", example=False)  # the README's searchpath
+    done = train(work, COMMAND[0], "experiment=denoize", example=False)  # the page's searchpath
     choices = "baseline, denoise, fast, lm, regression"
     assert_one_line_error(
         done, work, f"experiment='denoize' is not allowed; choose one of: {choices}"

@@ -377,9 +377,8 @@ def test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder(tmp_path, ov
 
 
 def readme_commands() -> list[list[str]]:
-    """The commands of README's Optuna section, each as its words."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Hyper-parameter search (Optuna)", 1)[1].split("\n## ", 1)[0]
+    """The commands of docs/optuna.md's first block, each as its words."""
+    section = (ROOT / "docs" / "optuna.md").read_text()
     block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
     return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
 
@@ -387,7 +386,7 @@ def readme_commands() -> list[list[str]]:
 def test_the_readme_commands_search_prune_and_report(tmp_path):
     _, search, report, _on_slurm = readme_commands()  # the last: tests/test_slurm.py
     assert search[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
-    # the README's command, made tiny: later overrides win
+    # the page's command, made tiny: later overrides win
     small = ("hydra.sweeper.n_trials=2", "max_steps=4", "val_every_n_steps=2")
     done = sweep(tmp_path, *search[4:], *small)
     assert done.returncode == 0, done.stderr

@@ -1,6 +1,6 @@
 """Any sample structure: dict and nested samples collate, reach the device in the model's
 layout and are read by the built-in tasks by their Hugging Face-style field names; a sample
-a task cannot read is one line. (The README's "Make it yours" example, whose samples are
+a task cannot read is one line. (The "Make it yours" example of docs/make-it-yours.md, whose samples are
 dicts, trains through the CLI with gears, DDP, batch_size=auto and a resume in
 tests/test_make_it_yours.py.)"""
 

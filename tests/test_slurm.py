@@ -397,9 +397,8 @@ def summary_of(sweep: Sweep, number: int) -> dict:
 
 
 def readme_slurm_search() -> list[str]:
-    """The overrides of README's Optuna-on-SLURM command."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Hyper-parameter search (Optuna)", 1)[1].split("\n## ", 1)[0]
+    """The overrides of docs/optuna.md's Optuna-on-SLURM command."""
+    section = (ROOT / "docs" / "optuna.md").read_text()
     block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
     lines = [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
     [words] = [w for w in lines if "hydra/launcher=slurm" in w]
@@ -409,7 +408,7 @@ def readme_slurm_search() -> list[str]:
 
 @pytest.mark.timeout(seconds(300))
 def test_an_optuna_search_keeps_two_slurm_jobs_in_flight_and_prunes(sweep):
-    # README's command, made small (later overrides win). Trial 0 is held (SIGSTOP) from
+    # docs/optuna.md's command, made small (later overrides win). Trial 0 is held (SIGSTOP) from
     # the moment it starts until trial 1 has ended and trial 2, asked at that moment, has
     # been pruned: trials in flight, no batch barrier, whatever the machine's speed.
     sweep.start(

@@ -29,7 +29,7 @@ from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoin
 pytestmark = pytest.mark.slurm
 
 STEPS, EVERY = 60, 10  # a checkpoint (and a log step, where both ranks agree to stop) every 10
-# The command README's SLURM section shows; distributed.timeout_s: ranks that cannot reach
+# The command docs/distributed.md's SLURM section shows; distributed.timeout_s: ranks that cannot reach
 # rank 0 fail the job within a minute instead of holding both nodes for five.
 TWO_NODES = (
     "hydra.launcher.nodes=2",

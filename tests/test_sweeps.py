@@ -81,7 +81,7 @@ def test_a_single_run_has_no_group_unless_one_is_set(tmp_path):
     assert "amp=bf16" in record.display_name.split(",")
 
 
-@pytest.mark.slow  # covered fast: the README's lr_batch search, the best of test_optuna_sweeper
+@pytest.mark.slow  # covered fast: docs/optuna.md's lr_batch search, the best of test_optuna_sweeper
 def test_optuna_search_over_lr_and_batch_size_maximises_the_val_accuracy(tmp_path):
     sweep_dir = tmp_path / "search"
     done = sweep(

@@ -26,7 +26,7 @@ class AmpConfig:
 
 @dataclass
 class MemoryFormatConfig:
-    channels_last: bool = False
+    channels_last: bool = False  # NHWC weights and 4-D inputs (tip 16)
 
 
 PIN_MEMORY = (True, False, "auto")
@@ -36,10 +36,10 @@ PIN_MEMORY = (True, False, "auto")
 class DataLoaderConfig:
     num_workers: Any = 0  # int >= 0, or "auto": 4 per device, capped by the CPUs
     pin_memory: Any = False  # PIN_MEMORY; auto: on when training on CUDA
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None
-    non_blocking: bool = False
-    drop_last: bool = False
+    persistent_workers: bool = False  # workers live on between epochs
+    prefetch_factor: int | None = None  # batches each worker loads ahead; null: torch's default
+    non_blocking: bool = False  # host-to-device copies that do not wait (tip 7)
+    drop_last: bool = False  # drop each epoch's short last batch
     prefetch_to_device: bool = False  # CUDA: copy the next batch on a side stream (prefetch.py)
 
 
@@ -50,18 +50,18 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 @dataclass
 class CompileConfig:
     enabled: Any = False  # COMPILE_ENABLED; auto: on CUDA only (compiled models ran slower on CPUs)
-    mode: str = "default"  # COMPILE_MODES
-    fullgraph: bool = False
-    dynamic: bool | None = None
+    mode: str = "default"  # COMPILE_MODES; torch.compile's mode
+    fullgraph: bool = False  # true: a graph break is an error
+    dynamic: bool | None = None  # dynamic shapes; null: torch decides
 
 
 @dataclass
 class DeviceTransformsConfig:
     """Normalisation and simple augmentation on the training device (device_transforms.py)."""
 
-    normalize: bool = False
+    normalize: bool = False  # subtract mean, divide by std, batch-wide
     mean: list[float] = field(default_factory=lambda: [0.0])  # one value, or one per channel
-    std: list[float] = field(default_factory=lambda: [1.0])
+    std: list[float] = field(default_factory=lambda: [1.0])  # one value, or one per channel
     hflip: bool = False  # random horizontal flip, half of the training samples
     crop_padding: int = 0  # > 0: random crop of the zero-padded training image
 
@@ -71,9 +71,9 @@ class BatchSizeFinderConfig:
     """How `batch_size=auto` searches (batch_finder.py)."""
 
     max_memory_gib: float | None = None  # null: CPU = memory_fraction of the available RAM
-    memory_fraction: float = 0.5
+    memory_fraction: float = 0.5  # CPU: the share of the available RAM to fill
     margin: float = 0.1  # back off this share from the largest size that fit
-    max_batch_size: int = 4096
+    max_batch_size: int = 4096  # the largest size it returns
 
 
 OPTIMIZERS = ("sgd", "adamw", "muon")
@@ -82,21 +82,21 @@ SCHEDULES = ("constant", "cosine")
 
 @dataclass
 class OptimizerConfig:
-    name: str = "sgd"  # OPTIMIZERS
-    lr: float = 0.05
-    momentum: float = 0.9
-    nesterov: bool = False
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 5e-4
+    name: str = "sgd"  # OPTIMIZERS; set by the optimizer group
+    lr: float = 0.05  # the peak learning rate (AdamW's under muon)
+    momentum: float = 0.9  # SGD's momentum
+    nesterov: bool = False  # SGD: Nesterov momentum
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's two betas
+    weight_decay: float = 5e-4  # decoupled for AdamW, L2 for SGD
     weight_decay_1d: bool = True  # false: biases and norm gains are not decayed (nanoGPT)
     foreach: bool | None = None  # None: torch's default
-    fused: bool = False
-    set_to_none: bool = False
-    schedule: str = "cosine"  # SCHEDULES
-    lr_warmup_steps: int = 0
+    fused: bool = False  # one fused kernel for the update
+    set_to_none: bool = False  # zero_grad(set_to_none=True): free the gradients (tip 12)
+    schedule: str = "cosine"  # SCHEDULES; the lr over the run's steps, after the warm-up
+    lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
     muon_lr: float = 0.02  # optimizer=muon: Muon's lr on the hidden matrices (lr: AdamW's)
-    muon_momentum: float = 0.95
+    muon_momentum: float = 0.95  # optimizer=muon: Muon's momentum
 
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
@@ -110,11 +110,11 @@ class LoggerConfig:
     wandb: bool = False  # W&B, online or offline (mode)
     tensorboard: bool = False  # TensorBoard event files in <run folder>/tensorboard
     csv: bool = False  # <run folder>/metrics.csv: step,name,value rows
-    project: str = "gearshift"
-    entity: str | None = None
+    project: str = "gearshift"  # the W&B project
+    entity: str | None = None  # the W&B entity (team or user); null: your default
     mode: str = "auto"  # LOGGER_MODES; auto: online with an API key, else offline
-    group: str | None = None
-    tags: list[str] = field(default_factory=list)
+    group: str | None = None  # the W&B group; null: a sweep's folder name
+    tags: list[str] = field(default_factory=list)  # W&B tags
 
 
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
@@ -123,21 +123,21 @@ BACKENDS = ("auto", "nccl", "gloo")
 
 @dataclass
 class DistributedConfig:
-    strategy: str = "auto"  # STRATEGIES
+    strategy: str = "auto"  # STRATEGIES; auto: DDP when launched as several ranks
     nproc_per_node: int = 1  # > 1: start that many ranks here (torch's elastic launcher)
     max_restarts: int = 0  # for the ranks started here: restarts after a rank fails
     backend: str = "auto"  # BACKENDS; auto: nccl on CUDA, gloo on CPU
     timeout_s: int = 300  # a collective waiting this long for a dead rank fails the job
-    sync_batchnorm: bool = False
-    bucket_cap_mb: int = 25
-    gradient_as_bucket_view: bool = False
-    static_graph: bool = False
+    sync_batchnorm: bool = False  # SyncBatchNorm across ranks
+    bucket_cap_mb: int = 25  # DDP's gradient bucket size
+    gradient_as_bucket_view: bool = False  # DDP: gradients as views into the buckets
+    static_graph: bool = False  # DDP: the graph is the same every step
 
 
 @dataclass
 class CheckpointConfig:
     every_n_steps: int | None = None  # None: only at the end (and on SIGTERM/SIGUSR1)
-    at_end: bool = True
+    at_end: bool = True  # a checkpoint at the run's end
     keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
     async_save: bool = False  # write in the background; the loop waits only for the copy
 
@@ -164,13 +164,13 @@ class ProfileConfig:
     """`profile=on`: torch.profiler over a window of steps (observe/profiler.py); and, on CUDA,
     the allocator's history (observe/memory_snapshot.py), on or off by itself."""
 
-    enabled: bool = False
+    enabled: bool = False  # profile=on
     wait: int = 1  # steps after warmup_steps before the profiler starts
     warmup: int = 1  # the profiler's own warm-up: recorded, then discarded
     active: int = 3  # steps in the trace and ops.txt
-    record_shapes: bool = False
-    with_stack: bool = False
-    profile_memory: bool = False
+    record_shapes: bool = False  # input shapes in the trace
+    with_stack: bool = False  # Python stacks in the trace
+    profile_memory: bool = False  # tensor memory in the trace
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
 
 
@@ -227,22 +227,22 @@ class Config:
     device_transforms: DeviceTransformsConfig = field(default_factory=DeviceTransformsConfig)
     batch_size_finder: BatchSizeFinderConfig = field(default_factory=BatchSizeFinderConfig)
     batch_size: Any = 64  # per device: an integer >= 1, or "auto" (batch_finder.py)
-    accum: int = 1
-    epochs: int = 2
+    accum: int = 1  # gradient accumulation: micro-batches per optimizer step (tip 13)
+    epochs: int = 2  # passes over the training data
     max_steps: int | None = None  # when set, wins over epochs
     # a budget in tokens (task=lm): an integer >= 1 (1e9 too); in steps of batch_size x
     # ranks x accum x block_size tokens, rounded up; wins over epochs (with max_steps: the
     # one that ends first)
     max_tokens: Any = None
     warmup_steps: int = 5  # optimizer steps left out of the throughput figures
-    seed: int = 0
-    device: str = "auto"  # DEVICES
-    log_every_n_steps: int = 10
+    seed: int = 0  # seeds every random stream and the data order
+    device: str = "auto"  # DEVICES; auto: CUDA where present, else cpu
+    log_every_n_steps: int = 10  # log steps: the loop reads the device only at these
     val_every_n_steps: int | None = None  # None: validate once, at the end
-    cudnn_benchmark: bool = False
+    cudnn_benchmark: bool = False  # cuDNN's autotuner (tip 15)
     deterministic: Any = False  # DETERMINISTIC; true: deterministic kernels only (runtime.py)
-    matmul_precision: str = "highest"  # MATMUL_PRECISIONS
-    progress_bar: bool = True
+    matmul_precision: str = "highest"  # MATMUL_PRECISIONS; float32 matmuls; high: TF32 on CUDA
+    progress_bar: bool = True  # the progress bar and the closing table
     on_nonfinite: str = "stop"  # ON_NONFINITE, for a NaN/inf loss: exit 1, or skip its update
     trainer: str = TRAINER  # or a subclass of yours: mypackage.MyTrainer
     trial: TrialConfig = field(default_factory=TrialConfig)
