@@ -1,6 +1,6 @@
 """Image files -> uint8 CHW tensors at the training size: the decoders and the choice among them.
 
-Three JPEG decoders (README, "Real images"): PIL with draft mode (libjpeg's DCT scaling by
+Three JPEG decoders (docs/data.md, "Real images"): PIL with draft mode (libjpeg's DCT scaling by
 1/2, 1/4, 1/8 when the image is at least twice the training size), `torchvision.io.decode_jpeg`
 on the CPU, and simplejpeg (optional: `pip install gearshift[jpeg]`; DCT scaling by any M/8).
 `data.decoder=auto` takes the one `make bench-data` measured fastest for the size of the

@@ -28,7 +28,7 @@ def make_summary(
     gears: dict[str, Any],
     val: dict[str, float | None],
 ) -> dict[str, Any]:
-    """summary.json's figures (README: "What a run leaves behind"), reduced over ranks.
+    """summary.json's figures (docs/observing.md: "What a run leaves behind"), reduced over ranks.
     `samples`: Position.samples_counted."""
     steady = meter.steady_state()
     local_peak, peak_kind = peak_memory(device)
