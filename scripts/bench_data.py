@@ -5,7 +5,8 @@ The standard torchvision recipe: `ImageFolder` (PIL), `Resize(256)`, `CenterCrop
 gearshift's `data=imagefolder` in each configuration (float32 batches made on the host,
 uint8 batches with each decoder, the staged resized copies, and on CUDA `data.decode=gpu`),
 `data=shards` (the folder written as tar shards by scripts/make_shards.py, as they are and
-resized) and `data=hf` (the folder as a Parquet file of image bytes and labels),
+resized, and the same tars without index.json, indexed from their headers as a shard set of
+another tool is; the time to index 10,000 members that way is printed first) and `data=hf` (the folder as a Parquet file of image bytes and labels),
 all on the same generated folder of JPEGs (about 400x400, like ImageNet's), at the same
 image size, batch size and number of workers. A configuration's time is one epoch of
 loading with no model: the loader's batches, copied to the device (CPU: none) and made
@@ -29,9 +30,12 @@ JPEGs of several source sizes: the figures behind `data.decoder=auto`'s rule.
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
+import shutil
 import statistics
+import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -167,17 +171,26 @@ def configurations(
         f"device={device.type}", "logger=none",
     ]  # fmt: skip
 
-    def from_shards(resize: int | None, *extra: str):
-        def build():
-            out = stage / f"shards-{resize or 'source'}"
-            if not out.exists():
-                make_shards(folder, out, shard_mb=16, resize=resize, val_fraction=0)
-            return gearshift_loader([*shards, f"data.path={out}", *extra], device)
+    def written(resize: int | None) -> Path:
+        out = stage / f"shards-{resize or 'source'}"
+        if not out.exists():
+            make_shards(folder, out, shard_mb=16, resize=resize, val_fraction=0)
+        return out
 
-        return build
+    def from_shards(resize: int | None, *extra: str):
+        return lambda: gearshift_loader([*shards, f"data.path={written(resize)}", *extra], device)
+
+    def from_headers():  # the same tars as another tool leaves them: no index.json
+        out = stage / "shards-headers"
+        if not out.exists():
+            shutil.copytree(written(None), out)
+            for index in out.rglob("index.json"):
+                index.unlink()
+        return gearshift_loader([*shards, f"data.path={out}"], device)
 
     resized = f"{stored_side('jpeg', args.size)} px JPEGs"
     rows["uint8, shards (source JPEGs)"] = from_shards(None)
+    rows["uint8, shards (source JPEGs), no index.json"] = from_headers
     rows[f"uint8, shards --resize ({resized})"] = from_shards(args.size)
     rows[f"uint8, shards --resize ({resized}), streaming"] = from_shards(
         args.size, "data.streaming=true"
@@ -190,6 +203,29 @@ def configurations(
         rows["decode=gpu (nvJPEG)"] = ours("data.decode=gpu")
         rows["decode=gpu, staged jpeg"] = ours(*staged, "data.stage_format=jpeg", "data.decode=gpu")
     return rows
+
+
+def index_build_time(root: Path, members: int = 10_000) -> tuple[float, float]:
+    """Seconds to index `members` tar members (a .jpg and a .cls per sample, 10 tars) from
+    their headers with no index.json: cold, then from the cache data/tar_index.py keeps."""
+    from gearshift.data.tar_index import index_from_headers
+
+    folder, payload = root / "index-bench", bytes(20_000)  # an image's size; never decoded
+    folder.mkdir()
+    for t in range(10):
+        with tarfile.open(folder / f"{t:06d}.tar", "w") as tar:
+            for n in range(t * members // 20, (t + 1) * members // 20):
+                for name, data in ((f"{n:06d}.jpg", payload), (f"{n:06d}.cls", b"%d" % (n % 10))):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    files, times = sorted(folder.glob("*.tar")), []
+    for _ in range(2):
+        start = time.perf_counter()
+        index = index_from_headers(files, "auto", str(folder))
+        times.append(time.perf_counter() - start)
+    assert sum(s["samples"] for s in index["shards"]) == members // 2
+    return times[0], times[1]
 
 
 def installed_hf() -> bool:
@@ -268,6 +304,12 @@ def main() -> None:
         if not args.no_decoders:
             sizes = [(258, 258), (400, 400), (375, 500), (750, 1000)]
             console.print(decoder_table(root, args.size, sizes))
+        os.environ["GEARSHIFT_CACHE"] = str(root / "cache")  # the header index's, not ~'s
+        cold, cached = index_build_time(root)
+        console.print(
+            f"10,000 tar members indexed from their headers: {cold:.3f} s cold, "
+            f"{cached:.3f} s from the cache"
+        )
         rows = configurations(folder, root / "stage", args, device)
         if args.only:
             rows = {

@@ -271,14 +271,24 @@ FOUND_BY_THE_RANKS = {
 }
 
 
-@pytest.mark.parametrize("launcher", ["nproc_per_node", "torchrun"])
+@pytest.mark.parametrize("launcher", ["nproc_per_node", "torchrun", "gearshift.torchrun"])
 @pytest.mark.parametrize("found_in", FOUND_BY_THE_RANKS)
 def test_input_the_ranks_find_unusable_is_one_line_from_rank_0(tmp_path, launcher, found_in):
     overrides, message = FOUND_BY_THE_RANKS[found_in]
     work = tmp_path / "work"  # where runs/ would go
     work.mkdir()
     train = ["model=mlp", *TINY_CLI, "max_steps=2", *overrides(tmp_path)]
-    if launcher == "torchrun":
+    if launcher == "gearshift.torchrun":  # torchrun's arguments, our one line and exit 2
+        command = [sys.executable, "-m", "gearshift.torchrun", "--standalone", "--nproc_per_node=2"]
+        result = subprocess.run(
+            [*command, str(ROOT / "train.py"), *train],
+            cwd=work, capture_output=True, text=True, timeout=seconds(300),
+        )  # fmt: skip
+        assert result.returncode == 2
+        # the last line, after torchrun's notice at the start (OMP_NUM_THREADS=1 per rank)
+        assert result.stderr.strip().splitlines()[-1] == message.format(tmp=tmp_path)
+        assert "ChildFailedError" not in result.stderr and "exitcode" not in result.stderr
+    elif launcher == "torchrun":
         command = [*torchrun("--standalone", "--nproc_per_node=2"), *train]
         result = subprocess.run(
             command, cwd=work, capture_output=True, text=True, timeout=seconds(300)

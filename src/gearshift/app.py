@@ -38,6 +38,8 @@ from gearshift.state.preemption import TrainingStopped
 log = logging.getLogger(__name__)
 
 EXIT_BAD_CONFIG = 2
+# Set by `python -m gearshift.torchrun`: rank 0 writes its one line there for the launcher
+ERROR_NOTE = "GEARSHIFT_ERROR_NOTE"
 EXIT_TRAINING_FAILED = 1  # a NaN/inf loss, out of memory: one line says why and what next
 # Hydra flags after which preflight steps aside: they print, or point at other configs.
 _HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
@@ -67,9 +69,8 @@ def train(cfg: DictConfig) -> float:
         else:
             summary = fit(cfg, run_dir, run_name).summary
     except (ConfigError, CheckpointError) as error:
-        if job_rank() not in (None, "0"):  # torchrun's other ranks: rank 0 speaks for the job
-            raise SystemExit(EXIT_BAD_CONFIG) from None
-        _remove_empty_run_dir(run_dir)
+        if job_rank() in (None, "0"):  # the job's other ranks: rank 0 speaks for it
+            _remove_empty_run_dir(run_dir)
         _exit(str(error))
     except TrainingFailed as failed:
         _note_in_log_file(f"error: {failed}")
@@ -337,5 +338,13 @@ def culprit(error: Exception, overrides: list[str]) -> str | None:
 
 
 def _exit(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    """One `error:` line and exit 2; in a job of several ranks, rank 0's line only (under
+    gearshift.torchrun written for the launcher, which prints it once the ranks are done)."""
+    rank = job_rank()
+    if rank not in (None, "0"):
+        raise SystemExit(EXIT_BAD_CONFIG)
+    if rank == "0" and os.environ.get(ERROR_NOTE):
+        Path(os.environ[ERROR_NOTE]).write_text(message)  # read after every rank has exited
+    else:
+        print(f"error: {message}", file=sys.stderr)
     raise SystemExit(EXIT_BAD_CONFIG)

@@ -61,7 +61,7 @@ def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[s
         error_note = error_note_for(stop_note)  # and this when the input is unusable
         with (
             _temporary_files_in(scratch),  # torch elastic's log folder and error files too
-            _quiet_shutdown(error_note),
+            quiet_shutdown(error_note),
         ):
             config = _launch_config(cfg, LaunchConfig)
             try:
@@ -196,7 +196,7 @@ _ELASTIC_LOGGERS = (
 
 
 @contextlib.contextmanager
-def _quiet_shutdown(error_note: Path) -> Iterator[None]:
+def quiet_shutdown(error_note: Path) -> Iterator[None]:
     """While inside: `_ShutdownNotice` on torch elastic's loggers."""
     notice = _ShutdownNotice(error_note)
     for name in _ELASTIC_LOGGERS:
