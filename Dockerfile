@@ -26,4 +26,4 @@ RUN pip install --no-cache-dir --no-deps . \
     && chown gearshift:gearshift /app
 
 USER 10001:10001
-ENTRYPOINT ["torchrun", "--nproc_per_node=gpu", "train.py"]
+ENTRYPOINT ["python", "-m", "gearshift.torchrun", "--nproc_per_node=gpu", "train.py"]

@@ -13,7 +13,8 @@ every rank exits 2 without a traceback, torch elastic's failure report is droppe
 task prints one `error:` line, removes the empty run folder and exits 2. Under torchrun the
 ranks do the same (rank 0's line, the others silent, exit 2), but torchrun's agent is a
 process of its own: it still logs its ChildFailedError report (ranks' exit codes 2, no
-traceback of theirs) and exits 1.
+traceback of theirs) and exits 1; `python -m gearshift.torchrun` (torchrun.py) ends in the
+one line and exit 2.
 """
 
 from __future__ import annotations
