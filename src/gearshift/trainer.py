@@ -213,15 +213,16 @@ class Trainer:
 
     def forward_backward(self, batch: Any, window: int, sync: bool) -> int:
         """One micro-batch of a `window` of them; its loss scaled so that the window's
-        gradients sum to their mean. Returns the samples it held."""
+        gradients sum to their mean (the task's logged terms alike, in `losses.add`).
+        Returns the samples it held."""
         inputs, targets = self.run.place(batch, train=True)
         with grad_sync(self.forward, enabled=sync):  # tip 13: one all-reduce per window
             with self.precision.autocast():  # tip 11: mixed precision
-                loss = self.task.loss(self.forward, inputs, targets)
+                loss, terms = self.task.loss_terms(self.forward, inputs, targets)
             if window > 1:
                 loss = loss / window
             self.precision.backward(loss)
-        self.losses.add(loss.detach(), self.position.step + 1)
+        self.losses.add(loss.detach(), self.position.step + 1, terms, window)
         return self.task.count(inputs, targets)
 
     def logs_at(self, step: int) -> bool:
@@ -275,23 +276,27 @@ class Trainer:
     def log_point(self) -> dict[str, float]:
         """The metrics of the interval since the last log step: the loop's one host sync."""
         extra = [] if self.grad_norm is None else [self.grad_norm]
-        loss_total, first_bad, skipped, grad_norm = self.losses.read(extra)  # one read for all
+        sums, first_bad, skipped, grad_norm = self.losses.read(extra)  # one read for all
         interval = self.meter.flush()
         peak_bytes, _ = peak_memory(self.device)
         world = self.ranks.world_size
-        (loss_total, global_samples, stops), (peak_bytes, first_bad) = gather_sum_max(
-            [loss_total, interval.samples, float(bool(self.stop))],
+        (*totals, global_samples, stops), (peak_bytes, first_bad) = gather_sum_max(
+            [*sums.values(), interval.samples, float(bool(self.stop))],  # the loss and its terms
             [peak_bytes, -(NONE if first_bad is None else first_bad)],  # max of - = first
             self.device,
         )
         if first_bad > -NONE:
             raise TrainingFailed(self.nonfinite(int(-first_bad)))
         counted = (interval.steps - skipped) * world  # skipped steps' losses are left out
-        self.last_loss = loss_total / counted if counted else float("nan")
+        means = {
+            f"train/{name}": total / counted if counted else math.nan
+            for name, total in zip(sums, totals, strict=True)
+        }  # train/loss, then the task's terms
+        self.last_loss = means["train/loss"]
         self.stop_agreed = stops > 0
         samples_per_sec = global_samples / interval.seconds
         metrics = {
-            "train/loss": self.last_loss,
+            **means,
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "perf/samples_per_sec": samples_per_sec,
             "perf/step_time_ms": interval.median_step_ms,
