@@ -262,10 +262,14 @@ def test_a_misspelt_experiment_of_yours_is_one_line_that_lists_yours(work):
     )
 
 
-def test_a_term_logged_beside_the_loss_changes_the_task_file_alone(work):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_term_logged_beside_the_loss_changes_the_task_file_alone(work, ranks):
     (work / "myproject" / "task.py").write_text(logged_terms_example())
-    done = train(work, "max_steps=4", "log_every_n_steps=2", "warmup_steps=0", "logger=csv")
+    steps = ("max_steps=4", "log_every_n_steps=2", "warmup_steps=0", "logger=csv")
+    ddp = ("distributed.nproc_per_node=2", "device=cpu") if ranks == 2 else ()
+    done = train(work, *steps, *ddp, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
+    # 2 ranks: the loss is their mean, so the relation holds only if the terms are too
     (run_dir,) = (work / "runs").iterdir()
     with (run_dir / "metrics.csv").open(newline="") as file:
         rows = {(int(step), name): value for step, name, value in list(csv.reader(file))[1:]}
@@ -273,4 +277,6 @@ def test_a_term_logged_beside_the_loss_changes_the_task_file_alone(work):
         loss, mse, jagged = (float(rows[step, f"train/{n}"]) for n in ("loss", "mse", "jagged"))
         assert mse > 0 and jagged > 0
         assert loss == pytest.approx(mse + 0.1 * jagged, rel=1e-5)  # the means of the same steps
-    assert float(rows[4, "train/loss"]) == pytest.approx(only_summary(work)["final_loss"])
+    summary = only_summary(work)
+    assert summary["world_size"] == ranks
+    assert float(rows[4, "train/loss"]) == pytest.approx(summary["final_loss"])
