@@ -107,6 +107,19 @@ class LossWatch:
         sums = {name: math.fsum(row[i] for row in steps) for i, name in enumerate(names)}
         return sums, first_bad, skipped, values
 
+    def means(self, totals: list[float], counted: int) -> dict[str, float]:
+        """train/loss, then train/<name> for each term: the sums of `read` (gathered over
+        ranks) over the `counted` steps and ranks (none counted: NaN)."""
+        names = ["loss", *(self.names or [])]
+        return {
+            f"train/{name}": total / counted if counted else math.nan
+            for name, total in zip(names, totals, strict=True)
+        }
+
+    def metrics(self) -> dict[str, int]:
+        """Skip mode's steps skipped so far (counted on the host as they are decided)."""
+        return {"train/nonfinite_skipped_steps": self.skipped} if self.skip else {}
+
     def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:
         """Before a checkpoint: (the first step since the last read whose loss was not
         finite or None, whether every weight is finite), agreed over ranks. One read and
