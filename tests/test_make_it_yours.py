@@ -5,6 +5,7 @@ be made end with one line."""
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 import re
@@ -42,6 +43,19 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
 
 
 FILES, COMMAND = readme_example()
+
+
+def logged_terms_example() -> str:
+    """The page's myproject/task.py with Denoise.loss replaced by the one of "A term logged
+    beside the loss", as a reader makes the change."""
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    header = "# myproject/task.py: Denoise.loss, in place of the one above\n"
+    block = re.search(rf"^```python\n{re.escape(header)}(.*?)^```$", page, re.S | re.M)[1]
+    task = FILES["myproject/task.py"]
+    old = re.search(r"^    def loss\(.*?\n(?=\n)", task, re.S | re.M)[0]  # up to its blank line
+    return task.replace(old, block)
+
+
 # Small and quiet; the page's own sizes are for real training.
 TINY = (
     "logger=none",
@@ -246,3 +260,23 @@ def test_a_misspelt_experiment_of_yours_is_one_line_that_lists_yours(work):
     assert_one_line_error(
         done, work, f"experiment='denoize' is not allowed; choose one of: {choices}"
     )
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_term_logged_beside_the_loss_changes_the_task_file_alone(work, ranks):
+    (work / "myproject" / "task.py").write_text(logged_terms_example())
+    steps = ("max_steps=4", "log_every_n_steps=2", "warmup_steps=0", "logger=csv")
+    ddp = ("distributed.nproc_per_node=2", "device=cpu") if ranks == 2 else ()
+    done = train(work, *steps, *ddp, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # 2 ranks: the loss is their mean, so the relation holds only if the terms are too
+    (run_dir,) = (work / "runs").iterdir()
+    with (run_dir / "metrics.csv").open(newline="") as file:
+        rows = {(int(step), name): value for step, name, value in list(csv.reader(file))[1:]}
+    for step in (2, 4):
+        loss, mse, jagged = (float(rows[step, f"train/{n}"]) for n in ("loss", "mse", "jagged"))
+        assert mse > 0 and jagged > 0
+        assert loss == pytest.approx(mse + 0.1 * jagged, rel=1e-5)  # the means of the same steps
+    summary = only_summary(work)
+    assert summary["world_size"] == ranks
+    assert float(rows[4, "train/loss"]) == pytest.approx(summary["final_loss"])

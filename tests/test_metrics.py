@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import (
     TINY,
     SyncCounter,
@@ -16,9 +17,11 @@ from helpers import (
     only_summary,
     run_train,
 )
+from torch import nn
 
 from gearshift.observe.metrics import PerfMeter
-from gearshift.trainer import fit
+from gearshift.tasks import Classification
+from gearshift.trainer import Trainer, fit
 
 
 def test_summary_json_has_every_key_with_sensible_values(tmp_path):
@@ -139,3 +142,41 @@ def test_a_pause_between_log_steps_keeps_the_steps_and_leaves_out_its_time():
     assert interval.seconds <= wall - 0.1
     assert sum(interval.step_ms) <= 1000 * wall - 100  # no step's time holds the pause
     assert meter.steady_state().steps == 4
+
+
+RETURNED: list[torch.Tensor] = []  # AuxTerms's terms, call after call
+
+
+class AuxTerms(Classification):
+    """A loss with a term logged beside it; it keeps each term (a device copy, no host read)."""
+
+    def loss(self, model, inputs, targets):
+        logits = model(inputs)
+        aux = logits.float().square().mean()  # varies with the batch and the weights
+        if isinstance(model, nn.Module):  # the loop's calls, not the FLOP count's function
+            RETURNED.append(aux.detach().clone())
+        return F.cross_entropy(logits, targets), {"aux": aux}
+
+
+def test_a_term_beside_the_loss_is_logged_as_its_window_mean_in_the_same_host_read(
+    tmp_path, monkeypatch
+):
+    RETURNED.clear()
+    logged: dict[int, dict[str, float]] = {}
+    log = Trainer.log
+
+    def recording(trainer, metrics):
+        logged.setdefault(trainer.position.step, {}).update(metrics)
+        log(trainer, metrics)
+
+    monkeypatch.setattr(Trainer, "log", recording)
+    reads = host_reads(monkeypatch, tmp_path, 20, "accum=2", f"task._target_={__name__}.AuxTerms")
+    # no read more than a loss alone makes: the terms come in the loss's read
+    assert reads == (20 // 10 + 1) + 1 + 1
+    assert len(RETURNED) == 20 * 2  # every micro-batch's
+    per_step = torch.stack(RETURNED).double().view(20, 2).mean(dim=1)  # a window's mean
+    steps = sorted(step for step, metrics in logged.items() if "train/loss" in metrics)
+    assert steps == [5, 10, 20]  # the end of warm-up, then every 10
+    for first, last in zip([0, *steps[:-1]], steps, strict=True):
+        expected = per_step[first:last].mean().item()
+        assert logged[last]["train/aux"] == pytest.approx(expected, rel=1e-5), last

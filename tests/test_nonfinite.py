@@ -11,6 +11,7 @@ import pytest
 import torch
 from helpers import ROOT, TINY, StepCounter, SyncCounter, make_cfg, seconds
 
+from gearshift.config import ConfigError
 from gearshift.engine.failures import TrainingFailed
 from gearshift.trainer import fit
 
@@ -137,10 +138,10 @@ def test_loss_watch_sums_micro_batches_per_step_and_names_the_first_bad_one():
     for step, micro_batches in losses.items():  # accum=2; 4 steps overflow the 2 slots
         for loss in micro_batches:
             watch.add(torch.tensor(loss), step)
-    total, first_bad, skipped, (extra,) = watch.read([torch.tensor(7.0)])
-    assert first_bad == 12 and math.isnan(total) and skipped == 0 and extra == 7.0
+    sums, first_bad, skipped, (extra,) = watch.read([torch.tensor(7.0)])
+    assert first_bad == 12 and math.isnan(sums["loss"]) and skipped == 0 and extra == 7.0
     watch.add(torch.tensor(0.75), 15)  # after a read the slots start afresh
-    assert watch.read([])[:2] == (0.75, None)
+    assert watch.read([])[:2] == ({"loss": 0.75}, None)
 
 
 def test_loss_watch_skip_mode_leaves_the_bad_step_out_of_the_loss():
@@ -152,4 +153,20 @@ def test_loss_watch_skip_mode_leaves_the_bad_step_out_of_the_loss():
         watch.add(torch.tensor(loss), step)
         allowed.append(watch.update_allowed())
     assert allowed == [True, False, True]
-    assert watch.read([])[:3] == (4.0, None, 1) and watch.skipped == 1
+    assert watch.read([])[:3] == ({"loss": 4.0}, None, 1) and watch.skipped == 1
+
+
+def test_loss_watch_sums_the_tasks_terms_beside_the_loss_and_skips_them_with_it():
+    from gearshift.observe.nonfinite import LossWatch
+
+    watch = LossWatch("skip", torch.device("cpu"), steps_between_reads=1)
+    allowed = []
+    # accum=2: each micro-batch's loss arrives divided by 2, its terms are divided here
+    for step, (loss, aux) in enumerate([(1.0, 4.0), (float("nan"), 8.0), (3.0, 2.0)], start=1):
+        for _ in range(2):
+            watch.add(torch.tensor(loss / 2), step, {"aux": torch.tensor(aux)}, window=2)
+        allowed.append(watch.update_allowed())
+    assert allowed == [True, False, True]  # the loss decides; the skipped step's aux goes too
+    assert watch.read([])[:3] == ({"loss": 4.0, "aux": 6.0}, None, 1)
+    with pytest.raises(ConfigError, match=r"the terms \['other'\], its first call \['aux'\]"):
+        watch.add(torch.tensor(1.0), 4, {"other": torch.tensor(1.0)})

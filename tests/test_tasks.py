@@ -110,3 +110,48 @@ def test_a_task_that_cannot_be_built_is_one_line(overrides, message):
     with pytest.raises(ConfigError) as error:
         task_of(make_cfg(*overrides))
     assert str(error.value) == message
+
+
+class Returns(Regression):
+    """A regression whose loss returns what it is given."""
+
+    def __init__(self, value) -> None:
+        super().__init__(num_outputs=1, input_shape=[1])
+        self.value = value
+
+    def loss(self, model, inputs, targets):
+        return self.value
+
+
+LOSS = torch.tensor(1.0)
+EXPECTED = "expected a scalar tensor or (loss, {name: scalar tensor})"
+
+
+@pytest.mark.parametrize(
+    ("value", "wrong"),
+    [
+        (1.0, f"a float, {EXPECTED}"),
+        (torch.ones(2), f"a tensor of shape [2], {EXPECTED}"),
+        ((LOSS, [LOSS]), f"(loss, a list), {EXPECTED}"),
+        ((LOSS, {"aux": 0.5}), f"the term 'aux' as a float, {EXPECTED}"),
+        (
+            (LOSS, {"lr": LOSS}),
+            "a term named 'lr'; the trainer logs train/ loss, lr, grad_norm, "
+            "nonfinite_skipped_steps itself: rename it",
+        ),
+    ],
+    ids=["float", "vector", "not-a-dict", "float-term", "trainer-name"],
+)
+def test_a_loss_the_trainer_cannot_log_is_one_line(value, wrong):
+    with pytest.raises(ConfigError) as error:
+        Returns(value).loss_terms(None, None, None)
+    assert (
+        str(error.value)
+        == f"task._target_='{__name__}.Returns' is not allowed; its loss returned {wrong}"
+    )
+
+
+def test_a_loss_alone_or_with_terms_is_the_loss_and_its_terms():
+    aux = torch.tensor(2.0)
+    assert Returns(LOSS).loss_terms(None, None, None) == (LOSS, {})
+    assert Returns((LOSS, {"aux": aux})).loss_terms(None, None, None) == (LOSS, {"aux": aux})

@@ -105,7 +105,7 @@ class _Probe:
         batch = self.task.example_batch(batch_size, self.device)
         inputs, targets = to_device(batch, self.device, False, self.memory_format)
         with self.precision.autocast():
-            loss = self.task.loss(self.model, inputs, targets)
+            loss, _ = self.task.loss_terms(self.model, inputs, targets)
         self.precision.backward(loss)
 
     def optimizer_step(self) -> None:

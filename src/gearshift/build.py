@@ -42,6 +42,7 @@ from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
 from gearshift.observe.profiler import Profiler
 from gearshift.observe.samples import Sampler, build_sampler
+from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, gather_sum_max, rank_zero_value, wrap_model
 from gearshift.state.best import BestTracker, build_tracker
@@ -133,6 +134,18 @@ class Run(Parts):
     memory_history: MemoryHistory
     reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
     sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
+
+    def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        """What the build decided and measured, for summary.json beside `summary`'s figures:
+        the MFU and tokens/s at its throughput, the token budget, the batch-size finder's
+        choice and the advice."""
+        return {
+            **self.mfu.summary(summary["samples_per_sec_per_device"]),
+            **token_summary(summary, self.task.tokens_per_sample),
+            "max_tokens": max_tokens_of(self.cfg),
+            "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
+            "advice": [finding.as_dict() for finding in self.advice],
+        }
 
     def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
         """The line an out-of-memory error at `step` ends the run with (the allocator's
@@ -368,6 +381,45 @@ def build_run(
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
     optimizer = build_optimizer(model, cfg.optimizer)
     batches_per_epoch = len(parts.train_batches)
+    total_steps = run_length(cfg, max_steps, batches_per_epoch, ranks, trained)
+    schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
+    best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
+    if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
+        log.warning("early_stop.patience: no validation data to judge by; it stays off")
+    position = Position(global_batch=cfg.batch_size * ranks.world_size)
+    position.stream = stream_position(parts.train_batches)  # iterable data: its own state
+    checkpointer = build_checkpointer(
+        folder, parts, strategy, position, optimizer, schedule, best, saved, trained,
+        batches_per_epoch,
+    )  # fmt: skip
+    profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+    reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
+    meter = PerfMeter(device, cfg.warmup_steps)
+    meter.leave_out(profiler.window)  # the profiled steps run slower
+    # each step's loss on the device, read at log steps; on_nonfinite acts on it
+    losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
+    log.info(
+        "on this machine: amp -> %s; loader workers -> %d (%s)",
+        parts.precision.reason, parts.gears["num_workers"], parts.gears["num_workers_reason"],
+    )  # fmt: skip
+    parameters = sum(t.numel() for t in model.parameters()) / 1e6
+    log.info("%s on %s, %.2fM parameters, %d steps", type(model).__name__, device, parameters, total_steps)  # fmt: skip
+    gears = parts.gears | training_gears(cfg, compiled, compile_reason, strategy)
+    return Run(
+        **vars(parts) | {"gears": gears},
+        strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
+        max_steps=max_steps, total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
+        mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
+        memory_history=memory_history, reporter=reporter, sampler=sampler,
+    )  # fmt: skip
+
+
+def run_length(
+    cfg: DictConfig, max_steps: int | None, batches_per_epoch: int, ranks: Ranks,
+    trained: Trained | None,
+) -> int:  # fmt: skip
+    """The run's last optimizer step, the schedule's length: the step budget's, else its
+    epochs'. A resume at another samples per step says how it recounted them."""
     total_steps = max_steps or epoch_steps(cfg, batches_per_epoch, ranks.world_size, trained)
     if resized(trained, samples_per_step(cfg, ranks.world_size)) and ranks.is_zero:
         log.info(
@@ -376,12 +428,17 @@ def build_run(
             samples_per_step(cfg, ranks.world_size), trained.per_step, trained.samples,
             total_steps,
         )  # fmt: skip
-    schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
-    best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
-    if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
-        log.warning("early_stop.patience: no validation data to judge by; it stays off")
-    position = Position(global_batch=cfg.batch_size * ranks.world_size)
-    position.stream = stream_position(parts.train_batches)  # iterable data: its own state
+    return total_steps
+
+
+def build_checkpointer(
+    folder: Path, parts: Parts, strategy: str, position: Position,
+    optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler | None,
+    best: BestTracker, saved: Saved | None, trained: Trained | None, batches_per_epoch: int,
+) -> Checkpointer:  # fmt: skip
+    """The checkpointer of the run's parts, each registered under its name; restored from
+    `saved` when the run resumes (and the device transforms' draws moved on to match)."""
+    cfg, ranks, model = parts.cfg, parts.ranks, parts.model
     fsdp = strategy == "fsdp"  # each rank saves and loads its own shards (DCP)
     config = OmegaConf.to_container(cfg, resolve=True)
     amp = {"dtype": parts.gears["amp"], "reason": parts.gears["amp_reason"]}  # amp=on's, kept
@@ -406,19 +463,13 @@ def build_run(
             position.epoch * batches_per_epoch + position.epoch_samples // position.global_batch
         )
         parts.transforms.start_at(batches)  # per-batch random draws continue where they were
-    profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
-    reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
-    meter = PerfMeter(device, cfg.warmup_steps)
-    meter.leave_out(profiler.window)  # the profiled steps run slower
-    # each step's loss on the device, read at log steps; on_nonfinite acts on it
-    losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
-    log.info(
-        "on this machine: amp -> %s; loader workers -> %d (%s)",
-        parts.precision.reason, parts.gears["num_workers"], parts.gears["num_workers_reason"],
-    )  # fmt: skip
-    parameters = sum(t.numel() for t in model.parameters()) / 1e6
-    log.info("%s on %s, %.2fM parameters, %d steps", type(model).__name__, device, parameters, total_steps)  # fmt: skip
-    gears = parts.gears | {
+    return checkpointer
+
+
+def training_gears(cfg: DictConfig, compiled: bool, compile_reason: str, strategy: str) -> Gears:
+    """The gears build_run decides beyond build_parts': torch.compile, the optimizer's, the
+    distributed strategy."""
+    return {
         "compile": cfg.compile.mode if compiled else "off",
         "compile_reason": compile_reason,
         "optimizer": cfg.optimizer.name,
@@ -427,10 +478,3 @@ def build_run(
         "set_to_none": cfg.optimizer.set_to_none,
         "distributed": strategy,
     }
-    return Run(
-        **vars(parts) | {"gears": gears},
-        strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
-        max_steps=max_steps, total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
-        mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
-        memory_history=memory_history, reporter=reporter, sampler=sampler,
-    )  # fmt: skip

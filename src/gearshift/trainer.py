@@ -22,19 +22,19 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from gearshift.build import build_run, max_tokens_of
+from gearshift.build import build_run
 from gearshift.config import DataError
 from gearshift.config.checks import locate
 from gearshift.engine.accumulation import Window
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import clip_grad_norm
 from gearshift.engine.runtime import resolve_device
-from gearshift.observe.console import progress_bar
+from gearshift.observe.console import ProgressBar
 from gearshift.observe.loggers import NullLogger, build_logger
 from gearshift.observe.metrics import Interval, memory_metrics, peak_memory
 from gearshift.observe.nonfinite import NONE, nonfinite_message
 from gearshift.observe.summary import finished_summary, make_summary, write_summary
-from gearshift.observe.token_rates import token_metrics, token_summary
+from gearshift.observe.token_rates import token_metrics
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,
@@ -45,7 +45,7 @@ from gearshift.parallel.distributed import (
     ranks_from_environment,
     resolve_strategy,
 )
-from gearshift.state.preemption import RANK_STOP_SIGNALS, STOP_SIGNALS, StopRequest
+from gearshift.state.preemption import StopRequest
 
 log = logging.getLogger(__name__)
 
@@ -125,12 +125,10 @@ class Trainer:
             self.logger = build_logger(
                 self.cfg.logger, self.run_dir, self.checkpointer.config, self.run_name, p.step
             )
-        self.progress = progress_bar(enabled=self.ranks.is_zero and self.cfg.progress_bar)
+        shown = self.ranks.is_zero and self.cfg.progress_bar
+        self.progress = ProgressBar(shown, self.total_steps, completed=p.step)
         try:
-            with self.progress, StopRequest(self.stop_signals) as self.stop:
-                self.bar = self.progress.add_task(
-                    "train", total=self.total_steps, completed=p.step, samples_per_sec=0.0, loss=math.nan
-                )  # fmt: skip
+            with self.progress, StopRequest.for_ranks(self.ranks.world_size) as self.stop:
                 self.meter.resume()
                 self.profiler.begin()
                 for window in self.windows():
@@ -213,15 +211,16 @@ class Trainer:
 
     def forward_backward(self, batch: Any, window: int, sync: bool) -> int:
         """One micro-batch of a `window` of them; its loss scaled so that the window's
-        gradients sum to their mean. Returns the samples it held."""
+        gradients sum to their mean (the task's logged terms alike, in `losses.add`).
+        Returns the samples it held."""
         inputs, targets = self.run.place(batch, train=True)
         with grad_sync(self.forward, enabled=sync):  # tip 13: one all-reduce per window
             with self.precision.autocast():  # tip 11: mixed precision
-                loss = self.task.loss(self.forward, inputs, targets)
+                loss, terms = self.task.loss_terms(self.forward, inputs, targets)
             if window > 1:
                 loss = loss / window
             self.precision.backward(loss)
-        self.losses.add(loss.detach(), self.position.step + 1)
+        self.losses.add(loss.detach(), self.position.step + 1, terms, window)
         return self.task.count(inputs, targets)
 
     def logs_at(self, step: int) -> bool:
@@ -247,13 +246,8 @@ class Trainer:
             metrics |= {f"val_ema/{key.removeprefix('val_')}": v for key, v in judged.items()}
         self.log(metrics)
         self.log_samples(step)
-        if self.best.update(judged[self.best.metric], step):
+        if self.best.update(judged[self.best.metric], step):  # says so if it stops early
             self.checkpointer.save_best(self.position, check=self.check_finite)
-        elif self.best.should_stop and self.ranks.is_zero:
-            log.info(
-                "early stop at step %d: %s has not improved on %s (step %s) for %d validations",
-                step, self.best.metric, self.best.value, self.best.step, self.best.bad_validations,
-            )  # fmt: skip
         if self.run.reporter.report(step, judged[self.best.metric]):  # a study's pruner
             self.pruned_at = step  # `finished`: the loop saves, then summarizes
         self.meter.resume()  # validation time is not training time
@@ -275,27 +269,27 @@ class Trainer:
     def log_point(self) -> dict[str, float]:
         """The metrics of the interval since the last log step: the loop's one host sync."""
         extra = [] if self.grad_norm is None else [self.grad_norm]
-        loss_total, first_bad, skipped, grad_norm = self.losses.read(extra)  # one read for all
+        sums, first_bad, skipped, grad_norm = self.losses.read(extra)  # one read for all
         interval = self.meter.flush()
         peak_bytes, _ = peak_memory(self.device)
         world = self.ranks.world_size
-        (loss_total, global_samples, stops), (peak_bytes, first_bad) = gather_sum_max(
-            [loss_total, interval.samples, float(bool(self.stop))],
+        (*totals, global_samples, stops), (peak_bytes, first_bad) = gather_sum_max(
+            [*sums.values(), interval.samples, float(bool(self.stop))],  # the loss and its terms
             [peak_bytes, -(NONE if first_bad is None else first_bad)],  # max of - = first
             self.device,
         )
         if first_bad > -NONE:
             raise TrainingFailed(self.nonfinite(int(-first_bad)))
         counted = (interval.steps - skipped) * world  # skipped steps' losses are left out
-        self.last_loss = loss_total / counted if counted else float("nan")
+        means = self.losses.means(totals, counted)  # train/loss, then the task's terms
+        self.last_loss = means["train/loss"]
         self.stop_agreed = stops > 0
         samples_per_sec = global_samples / interval.seconds
         metrics = {
-            "train/loss": self.last_loss,
+            **means,
             "train/lr": self.optimizer.param_groups[0]["lr"],
             "perf/samples_per_sec": samples_per_sec,
-            "perf/step_time_ms": interval.median_step_ms,
-            "perf/data_wait_pct": interval.data_wait_pct,
+            **interval.metrics(),
             **self.run.mfu.metrics(samples_per_sec / world),
             **token_metrics(samples_per_sec, self.task.tokens_per_sample),
             "mem/peak_gib": peak_bytes / 2**30,
@@ -303,15 +297,8 @@ class Trainer:
         }
         if grad_norm:  # this step's, before clipping; the same on every rank
             metrics["train/grad_norm"] = grad_norm[0]
-        if self.precision.scaler.is_enabled():
-            metrics["amp/grad_scale"] = self.precision.grad_scale()
-            metrics["amp/skipped_steps"] = int(self.precision.skipped_steps)
-        if self.losses.skip:  # on_nonfinite=skip: counted on the host as the steps are decided
-            metrics["train/nonfinite_skipped_steps"] = self.losses.skipped
-        self.progress.update(
-            self.bar, completed=self.position.step, samples_per_sec=samples_per_sec, loss=self.last_loss
-        )  # fmt: skip
-        self.progress.refresh()
+        metrics |= self.precision.metrics() | self.losses.metrics()  # fp16's; on_nonfinite=skip's
+        self.progress.update(self.position.step, samples_per_sec, self.last_loss)
         return metrics
 
     # ------------------------------------------------------------------ state
@@ -338,11 +325,6 @@ class Trainer:
         )
 
     @property
-    def stop_signals(self) -> tuple[int, ...]:
-        """What stops the run with a checkpoint (state/preemption.py); Ctrl-C too for a rank."""
-        return RANK_STOP_SIGNALS if self.ranks.world_size > 1 else STOP_SIGNALS
-
-    @property
     def stop_reason(self) -> str:
         pruned, early = self.pruned_at is not None, self.best.should_stop
         return "pruned" if pruned else "early_stop" if early else "completed"
@@ -355,11 +337,7 @@ class Trainer:
             self.last_loss, run.gears, self.val,
         )  # fmt: skip
         summary |= {
-            **run.mfu.summary(summary["samples_per_sec_per_device"]),
-            **token_summary(summary, self.task.tokens_per_sample),
-            "max_tokens": max_tokens_of(self.cfg),
-            "batch_size_finder": run.batch_choice.as_dict() if run.batch_choice else None,
-            "advice": [finding.as_dict() for finding in run.advice],
+            **run.summary(summary),  # the build's: MFU, tokens/s, budget, batch size, advice
             "stop_reason": self.stop_reason,
             "best": self.best.summary(self.checkpointer.best_path),
             "ema": None if self.ema is None else {"decay": self.ema.decay, **self.ema_val},

@@ -228,3 +228,10 @@ class Precision:
     def grad_scale(self) -> float | None:
         """The current loss scale (a host read: call at log steps only)."""
         return self.scaler.get_scale() if self.scaler.is_enabled() else None
+
+    def metrics(self) -> dict[str, float]:
+        """fp16's loss scale and skipped steps for the log, or nothing (host reads: call at
+        log steps only)."""
+        if not self.scaler.is_enabled():
+            return {}
+        return {"amp/grad_scale": self.grad_scale(), "amp/skipped_steps": int(self.skipped_steps)}

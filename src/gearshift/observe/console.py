@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console
@@ -31,6 +32,28 @@ def progress_bar(enabled: bool) -> Progress:
         auto_refresh=False,
         disable=not enabled,
     )
+
+
+class ProgressBar:
+    """The training bar (rank 0's, `progress_bar`): steps done, samples/s and the loss,
+    redrawn at log steps only."""
+
+    def __init__(self, enabled: bool, total: int, completed: int) -> None:
+        self.progress = progress_bar(enabled)
+        self.bar = self.progress.add_task(
+            "train", total=total, completed=completed, samples_per_sec=0.0, loss=math.nan
+        )
+
+    def __enter__(self) -> ProgressBar:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+    def update(self, step: int, samples_per_sec: float, loss: float) -> None:
+        self.progress.update(self.bar, completed=step, samples_per_sec=samples_per_sec, loss=loss)
+        self.progress.refresh()
 
 
 def _fmt(value: Any) -> str:

@@ -211,7 +211,7 @@ def count_flops_per_sample(
     counting = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
     with counting as counter, recompute_disabled():
         with precision.autocast():
-            loss = task.loss(detached_model, inputs, targets)
+            loss, _ = task.loss_terms(detached_model, inputs, targets)
         loss.backward()
     return counter.get_total_flops() / task.count(inputs, targets)
 

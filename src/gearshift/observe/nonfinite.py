@@ -6,7 +6,8 @@ micro-batch, as cheap as the plain running sum it replaces); the log step reads 
 in its one host read, so `on_nonfinite=stop` (the default) names the first non-finite step
 at no extra sync. `on_nonfinite=skip` decides at every optimizer step whether to skip its
 update, so it reads one flag per step (under DDP all ranks agree on it through one small
-collective), as fp16's GradScaler does for its own skips.
+collective), as fp16's GradScaler does for its own skips. The terms a task's loss returns
+beside it (Task.loss_terms) share the loss's row: summed alike, read in the same read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
+from gearshift.config import ConfigError
 from gearshift.parallel.distributed import gather_sum_max
 
 NONE = 2**62  # "no non-finite step" where ranks agree on the first one (a max of -step)
@@ -27,19 +29,39 @@ class LossWatch:
     def __init__(self, mode: str, device: torch.device, steps_between_reads: int) -> None:
         self.skip = mode == "skip"
         self.device = device
-        self.losses = torch.zeros(max(steps_between_reads, 1), device=device)  # one per step
+        # One row per step: the loss, then the task's logged terms (Task.loss_terms) in the
+        # order of `names`, which the first `add` sets.
+        self.names: list[str] | None = None
+        self.losses = torch.zeros(max(steps_between_reads, 1), 1, device=device)
         self.first = 0  # the step number of slot 0 (set by the first `add` after a read)
         self.used = 0  # slots filled since the last read
         self.skipped = 0  # skip mode: steps whose update was skipped, whole run
         self.skipped_since_read = 0
 
-    def add(self, loss: torch.Tensor, step: int) -> None:
-        """A micro-batch's (detached) loss, of optimizer step `step`; device work only."""
+    def add(
+        self, loss: torch.Tensor, step: int, terms: dict[str, torch.Tensor] | None = None,
+        window: int = 1,
+    ) -> None:  # fmt: skip
+        """A micro-batch's detached loss (already divided by its window's length, `window`,
+        for the gradients) of optimizer step `step`, and the terms the task logs beside it,
+        divided by `window` here: a step's row sums to its mean of each. Device work only."""
+        terms = terms or {}
+        if self.names is None:
+            self.names = list(terms)
+            self.losses = torch.zeros(len(self.losses), 1 + len(terms), device=self.device)
+        elif list(terms) != self.names:
+            raise ConfigError(
+                f"the task's loss returned the terms {list(terms)}, its first call {self.names}: "
+                "return the same names every call"
+            )
         if self.used == 0:
             self.first = step
         slot = step - self.first
         if slot >= len(self.losses):  # more steps between reads than foreseen: grow, no sync
             self.losses = torch.cat([self.losses, torch.zeros_like(self.losses)])
+        if terms:  # one row, one in-place add
+            logged = torch.stack([term.detach().float() for term in terms.values()]) / window
+            loss = torch.cat([loss.float().view(1), logged])
         self.losses[slot].add_(loss)
         self.used = slot + 1
 
@@ -47,36 +69,56 @@ class LossWatch:
         """At the end of an accumulation window: False when skip mode skips its update.
 
         Skip mode only: one host read (and under DDP one collective), so every rank skips
-        the same steps. A skipped step's loss is left out of the logged loss."""
+        the same steps. A skipped step's loss (and its terms) is left out of the logged ones."""
         if not self.skip:
             return True
-        slot = self.losses[self.used - 1]
-        bad = float(not torch.isfinite(slot))
+        row = self.losses[self.used - 1]
+        bad = float(not torch.isfinite(row[0]))  # the loss decides, not the logged terms
         _, (bad,) = gather_sum_max([], [bad], self.device)
         if bad:
-            slot.zero_()
+            row.zero_()
             self.skipped += 1
             self.skipped_since_read += 1
         return not bad
 
-    def _read(self, extra: list[torch.Tensor]) -> tuple[list[float], int | None, list[float]]:
-        readings = torch.cat(
-            [self.losses[: self.used].double(), *(t.double().view(1) for t in extra)]
-        )
+    def _read(self, extra: list[torch.Tensor]) -> tuple[list[list[float]], int | None, list[float]]:
+        """(each step's row, the first step whose loss was not finite or None, the `extra`
+        scalars' values): one host read."""
+        rows = self.losses[: self.used]
+        readings = torch.cat([rows.double().flatten(), *(t.double().view(1) for t in extra)])
         values = readings.tolist()
-        losses, rest = values[: self.used], values[self.used :]
-        bad = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), None)
-        return losses, None if bad is None else self.first + bad, rest
+        width, cut = rows.shape[1], rows.numel()
+        steps = [values[i : i + width] for i in range(0, cut, width)]
+        bad = next((i for i, row in enumerate(steps) if not math.isfinite(row[0])), None)
+        return steps, None if bad is None else self.first + bad, values[cut:]
 
-    def read(self, extra: list[torch.Tensor]) -> tuple[float, int | None, int, list[float]]:
-        """At a log step: (the loss summed since the last read, the first step whose loss
-        was not finite or None, the steps skipped since the last read, the values of the
-        `extra` scalars). One host read for all of them."""
-        losses, first_bad, values = self._read(extra)
+    def read(
+        self, extra: list[torch.Tensor]
+    ) -> tuple[dict[str, float], int | None, int, list[float]]:
+        """At a log step: (the sums since the last read of the loss and of each logged term,
+        {"loss": ..., name: ...}; the first step whose loss was not finite or None; the
+        steps skipped since the last read; the values of the `extra` scalars). One host
+        read for all of them."""
+        steps, first_bad, values = self._read(extra)
         self.losses[: self.used].zero_()
         self.used = 0
         skipped, self.skipped_since_read = self.skipped_since_read, 0
-        return math.fsum(losses), first_bad, skipped, values
+        names = ["loss", *(self.names or [])]
+        sums = {name: math.fsum(row[i] for row in steps) for i, name in enumerate(names)}
+        return sums, first_bad, skipped, values
+
+    def means(self, totals: list[float], counted: int) -> dict[str, float]:
+        """train/loss, then train/<name> for each term: the sums of `read` (gathered over
+        ranks) over the `counted` steps and ranks (none counted: NaN)."""
+        names = ["loss", *(self.names or [])]
+        return {
+            f"train/{name}": total / counted if counted else math.nan
+            for name, total in zip(names, totals, strict=True)
+        }
+
+    def metrics(self) -> dict[str, int]:
+        """Skip mode's steps skipped so far (counted on the host as they are decided)."""
+        return {"train/nonfinite_skipped_steps": self.skipped} if self.skip else {}
 
     def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:
         """Before a checkpoint: (the first step since the last read whose loss was not

@@ -8,6 +8,7 @@ checkpoint, so a resumed run counts on exactly where it stopped.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from typing import Any
 from gearshift.config import ConfigError
 from gearshift.config.schema import EarlyStopConfig
 from gearshift.tasks import Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,11 +31,17 @@ class BestTracker:
     bad_validations: int = 0  # validations in a row without an improvement
 
     def update(self, value: float | None, step: int) -> bool:
-        """Count one validation; True when it is the best so far (save it)."""
+        """Count one validation; True when it is the best so far (save it). The one that
+        stops the run early says so (rank 0: the other ranks log warnings only)."""
         if self.improves(value):
             self.step, self.value, self.bad_validations = step, value, 0
             return True
         self.bad_validations += 1
+        if self.should_stop:
+            log.info(
+                "early stop at step %d: %s has not improved on %s (step %s) for %d validations",
+                step, self.metric, self.value, self.step, self.bad_validations,
+            )  # fmt: skip
         return False
 
     def improves(self, value: float | None) -> bool:

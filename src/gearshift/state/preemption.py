@@ -54,6 +54,11 @@ class StopRequest:
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
+    @classmethod
+    def for_ranks(cls, world_size: int) -> StopRequest:
+        """What stops a run with a checkpoint; Ctrl-C too for a rank of several."""
+        return cls(RANK_STOP_SIGNALS if world_size > 1 else STOP_SIGNALS)
+
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals go to the main thread
             self._previous = {s: signal.signal(s, self._handle) for s in self.signals}

@@ -5,7 +5,9 @@ source's collated samples give it, or read from a dict of named fields (data/fie
 `data.fields`, else the task's `input_fields` / `target_fields`, first present wins). The trainer runs `loss` under autocast for every
 micro-batch, `eval_sums` under `torch.inference_mode()` for every validation batch, and
 reads nothing back from the device between log steps: a task returns tensors, never
-Python numbers, from both.
+Python numbers, from both. `loss` may return terms beside the loss, `(loss, {name:
+tensor})`: the trainer sums them on the device like the loss and logs their means as
+train/<name> at log steps, in the same host read.
 
 A task of your own subclasses `Task` and is chosen from the command line by its
 `_target_` (`task._target_=mypackage.MyTask`), with its constructor's arguments as the
@@ -25,6 +27,10 @@ from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 
 Batch = tuple[Any, Any]  # (inputs, targets)
+Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
+# The train/ names the trainer logs itself: a term of the loss's may not take one.
+TRAINER_NAMES = ("loss", "lr", "grad_norm", "nonfinite_skipped_steps")
+EXPECTED = "expected a scalar tensor or (loss, {name: scalar tensor})"
 
 
 class Task(ABC):
@@ -49,8 +55,22 @@ class Task(ABC):
         return inputs, targets
 
     @abstractmethod
-    def loss(self, model: nn.Module, inputs: Any, targets: Any) -> torch.Tensor:
-        """The batch's mean loss, a scalar tensor with a graph back to the parameters."""
+    def loss(self, model: nn.Module, inputs: Any, targets: Any) -> Loss:
+        """The batch's mean loss, a scalar tensor with a graph back to the parameters; or
+        `(loss, {name: scalar tensor})`, the terms logged beside it as train/<name>."""
+
+    def loss_terms(
+        self, model: nn.Module, inputs: Any, targets: Any
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """`loss` as (the loss, its logged terms, maybe none), checked on the host only:
+        a form the trainer cannot log is one line."""
+        value = self.loss(model, inputs, targets)
+        loss, terms = value if isinstance(value, tuple) and len(value) == 2 else (value, {})
+        wrong = _wrong_loss(loss, terms)
+        if wrong:
+            name = f"{type(self).__module__}.{type(self).__qualname__}"
+            raise ConfigError(f"task._target_={name!r} is not allowed; its loss returned {wrong}")
+        return loss, terms
 
     def count(self, inputs: Any, targets: Any) -> int:
         """How many samples the batch covers (from shapes: no device read)."""
@@ -69,6 +89,27 @@ class Task(ABC):
     def example_batch(self, batch_size: int, device: torch.device) -> Batch:
         """A batch shaped like the training data, for the batch-size finder and the FLOP
         counter (random values are fine: they measure memory and arithmetic, not learning)."""
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _wrong_loss(loss: Any, terms: Any) -> str | None:
+    """What is wrong with Task.loss's (loss, terms), or None: shapes and types, no device read."""
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        return f"{_describe(loss)}, {EXPECTED}"
+    if not isinstance(terms, dict):
+        return f"(loss, {_describe(terms)}), {EXPECTED}"
+    for name, term in terms.items():
+        if not isinstance(name, str) or not name or name in TRAINER_NAMES:
+            taken = ", ".join(TRAINER_NAMES)
+            return f"a term named {name!r}; the trainer logs train/ {taken} itself: rename it"
+        if not isinstance(term, torch.Tensor) or term.dim() != 0:
+            return f"the term {name!r} as {_describe(term)}, {EXPECTED}"
+    return None
 
 
 def build_task(node: DictConfig) -> Task:
