@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import (
+    TIME_FACTOR,
     TINY,
     SyncCounter,
     check_amp_on_resolved,
@@ -29,10 +30,13 @@ def test_summary_json_has_every_key_with_sensible_values(tmp_path):
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written == json.loads(json.dumps(result.summary))
     check_summary(written, steps=12, samples=12 * 2 * 16)
-    # throughput and step time describe the same steps
+    # throughput and step time describe the same steps: the throughput's seconds hold at
+    # least those steps' times (at least half of them last the median or longer), and not
+    # much more (warm-up's seconds left out); a busy machine's slow steps move the mean
+    # from the median by a few x, so that bound scales with the machine
     per_step = written["samples"] / written["steps"]
     implied_ms = 1000 * per_step / written["samples_per_sec"]
-    assert 0.3 < implied_ms / written["step_time_ms"] < 3
+    assert 0.45 < implied_ms / written["step_time_ms"] < 3 * TIME_FACTOR
 
 
 def test_no_validation_data_gives_null_val_metrics(tmp_path):
