@@ -77,7 +77,7 @@ def _offline(datasets: Any) -> Iterator[None]:
         datasets.config.HF_HUB_OFFLINE, hub.HF_HUB_OFFLINE = saved
 
 
-Files = dict[str, tuple[tuple[str, int], ...]]  # split -> (file, rows) in the rows' order
+Files = dict[str, tuple[tuple[str, str], ...]]  # split -> (file as shown, its path), in row order
 
 
 def load(path: str | None, name: str | None) -> tuple[Any, Files]:
@@ -106,7 +106,10 @@ def load(path: str | None, name: str | None) -> tuple[Any, Files]:
     if where.is_dir() and any((where / f).is_file() for f in ("dataset_dict.json", "state.json")):
         loaded = datasets.load_from_disk(str(where))
         parts = loaded if hasattr(loaded, "keys") else {"train": loaded}
-        return loaded, {split: _arrow_files(rows, where) for split, rows in parts.items()}
+        return loaded, {
+            split: tuple((_shown(c["filename"], where), c["filename"]) for c in rows.cache_files)
+            for split, rows in parts.items()
+        }
     if where.is_file():
         kind = where.suffix.lower().lstrip(".").replace("jsonl", "json")
         if "." + kind not in DATA_FILES:
@@ -125,20 +128,26 @@ def load(path: str | None, name: str | None) -> tuple[Any, Files]:
     # as load_dataset does, with the files it resolved kept: a Parquet file is read (its
     # footer) before the copy to Arrow, so a damaged one is named
     files = {
-        str(split): tuple((_shown(f, where), _parquet_rows(f, path)) for f in names)
+        str(split): tuple((_shown(f, where), f.removeprefix("file://")) for f in names)
         for split, names in builder.config.data_files.items()
     }
+    for names in files.values():
+        for _, file in names:
+            _parquet_rows(file, path)
     try:
         builder.download_and_prepare()
     except Exception as error:  # pyarrow's and datasets' errors of a file that does not read
         for names in builder.config.data_files.values():
             for file in names:
-                _parquet_rows(file, path, read=True)  # the damaged one raises, named
+                _parquet_rows(file.removeprefix("file://"), path, read=True)  # raises, named
         raise ConfigError(
             f"data.path={path!r} is not allowed; datasets could not read its files "
             f"({type(error).__name__}: {str(error).splitlines()[0][:200]})"
         ) from None
-    return builder.as_dataset(), {s: f for s, f in files.items() if all(n >= 0 for _, n in f)}
+    counted = (".parquet", ".arrow")  # the kinds whose rows RowOrigin can count
+    return builder.as_dataset(), {
+        s: f for s, f in files.items() if all(file.lower().endswith(counted) for _, file in f)
+    }
 
 
 def _shown(file: str, where: Path) -> str:
@@ -156,27 +165,28 @@ def _parquet_rows(file: str, path: str, read: bool = False) -> int:
     import pyarrow.parquet as pq
 
     try:
-        parquet = pq.ParquetFile(file.removeprefix("file://"))
+        parquet = pq.ParquetFile(file)
         for group in range(parquet.num_row_groups if read else 0):
             parquet.read_row_group(group)
         return parquet.metadata.num_rows
     except Exception as error:  # ArrowInvalid, OSError: the file is not what it says
         raise ConfigError(
-            f"data.path={path!r} is not allowed; {file.removeprefix('file://')} is not a "
+            f"data.path={path!r} is not allowed; {file} is not a "
             f"readable Parquet file ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
         ) from None
 
 
-def _arrow_files(rows: Any, where: Path) -> tuple[tuple[str, int], ...]:
-    """A save_to_disk split's Arrow files and their rows, in the rows' order."""
+def _rows_in(file: str) -> int:
+    """Rows of a Parquet file (its footer) or of an Arrow stream file (save_to_disk's;
+    memory-mapped, no rows copied); counted only for a message, never at start."""
+    if file.lower().endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(file).metadata.num_rows
     import pyarrow as pa
 
-    files = []
-    for cache in rows.cache_files:
-        with pa.memory_map(cache["filename"]) as source:  # mapped: counting reads no rows
-            count = pa.ipc.open_stream(source).read_all().num_rows
-        files.append((_shown(cache["filename"], where), count))
-    return tuple(files)
+    with pa.memory_map(file) as source:
+        return pa.ipc.open_stream(source).read_all().num_rows
 
 
 @dataclass(frozen=True)
@@ -185,15 +195,16 @@ class RowOrigin:
     where the split's files are known; `keep` maps a row of a subset to its split's."""
 
     split: str
-    files: tuple[tuple[str, int], ...] = ()
+    files: tuple[tuple[str, str], ...] = ()  # (as shown, path), in the rows' order
     keep: tuple[int, ...] | None = None
 
     def __call__(self, index: int) -> str:
         row = self.keep[index] if self.keep is not None else index
         place, first = f"row {row} of split {self.split!r}", 0
-        for file, count in self.files:
+        for shown, file in self.files:
+            count = _rows_in(file)
             if row < first + count:
-                return f"{place} ({file}, its row {row - first})"
+                return f"{place} ({shown}, its row {row - first})"
             first += count
         return place
 
@@ -328,16 +339,18 @@ class HFImages(Dataset):
 
     def sample(self, index: int, image: dict, label: int) -> tuple[torch.Tensor, int]:
         """Row `index`'s image ({"bytes", "path"}, as datasets stores it) decoded, its label."""
-        where = self.origin(index)
+        where = row = f"row {index}"  # its split, file and row there: worked out on an error
         try:
             data = image["bytes"]
             if data is None:  # a path-only image: the file it names
                 where = image["path"]
                 with open(where, "rb") as handle:
                     data = handle.read()
-        except (OSError, TypeError, KeyError) as error:
-            raise UnreadableImage(f"cannot decode image {where}: {error}") from None
-        pixels = centre_square(self.decoder.decode(where, data), self.size)
+            pixels = centre_square(self.decoder.decode(where, data), self.size)
+        except (OSError, TypeError, KeyError, UnreadableImage) as error:
+            why = str(error).removeprefix(f"cannot decode image {where}: ")
+            named = self.origin(index) if where == row else where
+            raise UnreadableImage(f"cannot decode image {named}: {why}") from None
         return (pixels if self.transform is None else self.transform(pixels)), int(label)
 
 
