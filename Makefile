@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
+# pytest-xdist workers: one per core; the SLURM tests share one (their xdist_group)
+WORKERS ?= auto
+PYTEST := $(PY) -m pytest -n $(WORKERS) --dist loadgroup --durations=15
 
 .DEFAULT_GOAL := help
 .PHONY: help install train test test-all bench bench-data ablation report docs docs-serve slurm-up slurm-down docker lint format clean
@@ -22,10 +25,10 @@ train: $(VENV)/.installed ## train on the default config (ARGS="amp=on accum=4" 
 	$(PY) train.py $(ARGS)
 
 test: $(VENV)/.installed ## the fast test suite; prints the 15 slowest tests
-	$(PY) -m pytest -m "not slow" --durations=15 $(ARGS)
+	$(PYTEST) -m "not slow" $(ARGS)
 
 test-all: $(VENV)/.installed ## every test, the slow ones too
-	$(PY) -m pytest --durations=15 $(ARGS)
+	$(PYTEST) $(ARGS)
 
 bench: $(VENV)/.installed ## template loop vs a hand-written loop, interleaved; prints ratios
 	$(PY) scripts/bench.py $(ARGS)

@@ -1,9 +1,98 @@
+import os
+
 import pytest
 import torch
 from helpers import seconds
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One core per pytest-xdist worker, for its own tensors and for the processes it starts
+    # (launch.py and torch read OMP_NUM_THREADS): two workers' thread pools on two cores
+    # spin against each other and made in-process runs 10x slower.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # A test with no time limit of its own gets this one, so none can hang the suite.
 DEFAULT_LIMIT_S = 300
+
+# Tests moved to the slow tier (`make test-all`) to keep `make test` a few minutes, each with
+# the fast test that covers its mechanism. A key without "[" names every case of a test.
+CK = "tests/test_checkpoint.py::"
+STOP_SIGNAL = CK + "test_a_stop_signal_is_handed_on_after_the_checkpoint_and_a_rerun_resumes"
+SLOW_WITH_FAST_COVER = {
+    # SLURM: the submitit path stays fast through a two-point sweep and a failing job
+    "tests/test_slurm.py::test_a_signalled_job_checkpoints_is_requeued_and_resumes": STOP_SIGNAL,
+    "tests/test_slurm.py::test_a_job_that_dies_without_a_result_fails_the_sweep": "tests/test_slurm.py::test_a_job_that_raises_fails_the_sweep",
+    "tests/test_slurm.py::test_a_job_at_its_time_limit_with_no_requeues_left_fails_the_sweep": "tests/test_slurm.py::test_a_job_that_raises_fails_the_sweep",
+    "tests/test_slurm.py::test_a_job_with_two_tasks_per_node_trains_as_2_rank_ddp": "tests/test_distributed.py::test_torchrun_leaves_one_run_folder_with_world_size_2",
+    "tests/test_slurm.py::test_an_optuna_search_keeps_two_slurm_jobs_in_flight_and_prunes": "tests/test_optuna_sweeper.py::test_trials_run_side_by_side_and_the_best_is_the_best_run",
+    "tests/test_slurm.py::test_a_killed_optuna_search_waits_for_its_live_jobs_and_relaunches_the_dead": "tests/test_optuna_sweeper.py::"
+    "test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study",
+    "tests/test_slurm_two_nodes.py::test_a_two_node_job_requeued_mid_run_ends_as_an_uninterrupted_one": STOP_SIGNAL,
+    # launchers and ranks
+    "tests/test_launcher_signals.py::"
+    "test_sigterm_to_the_launcher_saves_says_one_line_exits_143_and_a_rerun_resumes": STOP_SIGNAL,
+    "tests/test_multinode.py::"
+    "test_a_rank_killed_on_one_node_restarts_both_which_resume_from_the_checkpoint": "tests/test_distributed.py::"
+    "test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters",
+    "tests/test_distributed.py::test_fsdp_checkpoints_resume_to_the_same_shards_as_an_uninterrupted_run": "tests/test_resharding.py::"
+    "test_a_checkpoint_loads_resharded_at_another_size_and_strategy[2-rank-fsdp-to-1-process]",
+    "tests/test_distributed.py::test_a_multirun_sweep_runs_each_job_as_2_rank_ddp": "tests/test_sweeps.py::"
+    "test_an_ablation_sweep_runs_each_gear_alone_in_its_own_process_and_reports",
+    **{
+        "tests/test_distributed.py::"
+        f"test_input_the_ranks_find_unusable_is_one_line_from_rank_0[{case}]": "tests/test_distributed.py::"
+        f"test_input_the_ranks_find_unusable_is_one_line_from_rank_0[{fast}]"
+        for case, fast in (
+            ("data-nproc_per_node", "data-gearshift.torchrun"),
+            ("data-torchrun", "data-gearshift.torchrun"),
+            ("task-torchrun", "task-nproc_per_node"),
+            ("task-gearshift.torchrun", "task-nproc_per_node"),
+        )
+    },
+    **{
+        "tests/test_resharding.py::"
+        f"test_a_checkpoint_loads_resharded_at_another_size_and_strategy[{case}]": "tests/test_resharding.py::"
+        "test_a_checkpoint_loads_resharded_at_another_size_and_strategy[2-rank-fsdp-to-1-process]"
+        for case in ("1-process-to-2-rank-ddp", "2-rank-ddp-async-to-2-rank-fsdp")
+    },
+    "tests/test_muon.py::"
+    "test_fsdp_shards_step_with_muon_and_resume_to_one_process_with_the_doubled_batch": "tests/test_muon.py::"
+    "test_2_ranks_under_ddp_with_muon_reach_one_process_with_the_doubled_batch",
+    "tests/test_streams.py::test_a_stream_trains_through_the_cli_as_2_rank_ddp_with_tuned_loading": "tests/test_streams.py::test_sigterm_mid_epoch_then_resume_matches_an_uninterrupted_run",
+    # sweeps
+    "tests/test_optuna_sweeper.py::"
+    "test_the_median_pruner_stops_a_hopeless_trial_after_its_first_validations": "tests/test_optuna_sweeper.py::test_the_readme_commands_search_prune_and_report",
+    "tests/test_sweeps.py::test_logger_group_wins_over_the_sweep_name": "tests/test_sweeps.py::test_sweep_runs_share_a_wandb_group_named_after_the_sweep",
+    "tests/test_sweeps.py::test_a_single_run_has_no_group_unless_one_is_set": "tests/test_sweeps.py::test_sweep_runs_share_a_wandb_group_named_after_the_sweep",
+    # the user's own code, and checkpoints
+    "tests/test_make_it_yours.py::test_sigterm_then_resume_matches_an_uninterrupted_run": STOP_SIGNAL,
+    "tests/test_make_it_yours.py::test_the_example_trains_as_2_rank_ddp": "tests/test_make_it_yours.py::test_a_term_logged_beside_the_loss_changes_the_task_file_alone[2]",
+    "tests/test_make_it_yours.py::test_a_term_logged_beside_the_loss_changes_the_task_file_alone[1]": "tests/test_make_it_yours.py::test_a_term_logged_beside_the_loss_changes_the_task_file_alone[2]",
+    **{
+        f"tests/test_make_it_yours.py::test_a_target_that_cannot_be_built_is_one_line[{case}]": "tests/test_make_it_yours.py::test_a_target_that_cannot_be_built_is_one_line[model-raises]"
+        for case in ("model-arguments", "source-arguments", "source-raises", "unread-field")
+    },
+    "tests/test_make_it_yours.py::test_a_run_folder_that_cannot_be_made_is_one_line[under-a-file]": "tests/test_make_it_yours.py::test_a_run_folder_that_cannot_be_made_is_one_line[unwritable]",
+    **{
+        f"{CK}test_a_save_killed_mid_write_leaves_the_previous_checkpoint_for_resume[{case}]": f"{CK}test_a_save_killed_mid_write_leaves_the_previous_checkpoint_for_resume[mid-shard]"
+        for case in ("before-metadata", "mid-shard-async")
+    },
+    "tests/test_tokens.py::test_a_gpt_learns_a_grammar_well_below_the_unigram_entropy": "tests/test_lm.py::test_a_bigram_model_learns_the_chain_down_to_near_its_entropy",
+    **{
+        "tests/test_optuna_sweeper.py::"
+        f"test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder[{case}]": "tests/test_optuna_sweeper.py::"
+        "test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder[+hydra.sweeper.params."
+        "optimizer.lrr=choice(1,2)-message0]"
+        for case in (
+            "hydra.sweeper.live_trials=kill-hydra.sweeper.live_trials='kill' is not allowed",
+            "hydra.sweeper.sampler=annealing-hydra.sweeper.sampler='annealing' is not allowed",
+            "hydra.sweeper.pruner=asha-hydra.sweeper.pruner='asha' is not allowed",
+            "optimizer.lr=interval(0.5, 0.1)-needs low < high",
+            "batch_size=glob(a*)-batch_size=glob(a*) is not allowed",
+            "hydra.sweeper.n_jobs=3-is not allowed with hydra/launcher=processes on",
+        )
+    },
+}
 
 
 @pytest.fixture(autouse=True)
@@ -53,7 +142,25 @@ def tiny_gpt2(monkeypatch):
     return encoding
 
 
+def moved_to_slow(nodeid: str) -> str | None:
+    """The fast test that covers `nodeid` if it was moved to the slow tier, else None."""
+    return SLOW_WITH_FAST_COVER.get(nodeid) or SLOW_WITH_FAST_COVER.get(nodeid.split("[")[0])
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects by the marker
 def pytest_collection_modifyitems(config, items):
+    collected = {item.nodeid for item in items}
+    for item in items:
+        cover = moved_to_slow(item.nodeid)
+        if cover is None:
+            continue
+        item.add_marker(pytest.mark.slow)
+        # a cover that was renamed, or moved to slow itself, covers nothing
+        covered = cover in collected or any(n.startswith(cover + "[") for n in collected)
+        cover_file_collected = any(n.startswith(cover.split("::")[0] + "::") for n in collected)
+        if cover_file_collected and not covered:
+            raise pytest.UsageError(f"{item.nodeid}: its fast cover {cover} is not a test")
+        assert moved_to_slow(cover) is None, f"{item.nodeid}: its cover {cover} is slow too"
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(seconds(DEFAULT_LIMIT_S)))

@@ -363,6 +363,7 @@ STAGE_SCRIPT = textwrap.dedent(
         with open(log, "a") as f:
             f.write(f"end {time.time()}\\n")
 
+    Path(f"{log}.ready-{sys.argv[6]}").touch()  # imported: now waiting for go
     while not go.exists():
         time.sleep(0.01)
     print(stage(src, dst, copy=slow_copy), time.time())
@@ -370,20 +371,29 @@ STAGE_SCRIPT = textwrap.dedent(
 )
 
 
-def _stage_process(tmp_path: Path, pause: float) -> subprocess.Popen:
+def _stage_process(tmp_path: Path, pause: float, name: str = "0") -> subprocess.Popen:
     args = [tmp_path / "src", tmp_path / "local", tmp_path / "copies.log", tmp_path / "go"]
     return subprocess.Popen(
-        [sys.executable, "-c", STAGE_SCRIPT, *map(str, args), str(pause)],
+        [sys.executable, "-c", STAGE_SCRIPT, *map(str, args), str(pause), name],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
     )
 
 
+def wait_until(condition, processes: list[subprocess.Popen], timeout: float = 60) -> None:
+    """Poll `condition` while every process lives, within a scaled time limit."""
+    deadline = time.monotonic() + seconds(timeout)
+    while not condition():
+        assert all(p.poll() is None for p in processes), "a process ended early"
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def test_two_processes_starting_together_copy_once_and_share_it(tmp_path):
     write_images(tmp_path / "src", per_class=3)
-    processes = [_stage_process(tmp_path, pause=1.0) for _ in range(2)]
-    time.sleep(seconds(1.0))  # both imported and waiting
+    processes = [_stage_process(tmp_path, pause=1.0, name=str(i)) for i in range(2)]
+    wait_until(lambda: len(list(tmp_path.glob("copies.log.ready-*"))) == 2, processes)
     (tmp_path / "go").touch()
     outputs = [p.communicate(timeout=seconds(60))[0].split() for p in processes]
     assert [p.returncode for p in processes] == [0, 0]
@@ -404,11 +414,8 @@ def test_a_copy_killed_halfway_is_never_used(tmp_path):
     write_images(tmp_path / "src", per_class=2)
     (tmp_path / "go").touch()
     killed = _stage_process(tmp_path, pause=60)
-    log = tmp_path / "copies.log"
-    deadline = time.time() + seconds(30)
-    while not log.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.2)  # well inside the copy, holding the lock
+    # inside the copy, holding the lock: its temporary folder exists
+    wait_until(lambda: list((tmp_path / "local").glob("*.tmp-*")), [killed])
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=seconds(10))
     target = staged_path(tmp_path / "src", tmp_path / "local")

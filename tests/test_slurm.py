@@ -28,7 +28,8 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
-pytestmark = pytest.mark.slurm
+# one worker runs the SLURM tests, so they do not compete for the cluster's two nodes
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 SCRIPTS = ROOT / "scripts" / "slurm"
 TINY = ("model=mlp", *helpers.TINY, "warmup_steps=1")

@@ -26,7 +26,8 @@ from test_slurm import (  # noqa: F401  (slurm_cluster: the session's cluster fi
 
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 
-pytestmark = pytest.mark.slurm
+# one worker runs the SLURM tests, so they do not compete for the cluster's two nodes
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
 
 STEPS, EVERY = 60, 10  # a checkpoint (and a log step, where both ranks agree to stop) every 10
 # The command docs/distributed.md's SLURM section shows; distributed.timeout_s: ranks that cannot reach
