@@ -30,6 +30,7 @@ from gearshift.config.schema import (
     ON_NONFINITE,
     OPTIMIZERS,
     PIN_MEMORY,
+    PLAN_DEVICES,
     SCHEDULES,
     STRATEGIES,
     TRAINER,
@@ -477,6 +478,15 @@ def _check_profile(cfg: DictConfig) -> None:
         )
 
 
+def _check_plan(cfg: DictConfig) -> None:
+    """plan.*: a device of the table, whole ranks, a headroom that leaves some memory."""
+    _check_choice(cfg, "plan.device", PLAN_DEVICES)
+    _check_int(cfg, "plan.world_size", 1, optional=True)
+    headroom = cfg.plan.headroom
+    if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
+        _fail("plan.headroom", headroom, "expected a share of the memory, 0 <= headroom < 1")
+
+
 def _check_init_from(cfg: DictConfig) -> None:
     """model.init_from names a file or a folder (what it holds: state/init_from.py)."""
     init_from, strict = cfg.model.get("init_from"), cfg.model.get("init_strict", True)
@@ -614,6 +624,7 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     _check_ema_and_early_stop(cfg)
     _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
     _check_profile(cfg)
+    _check_plan(cfg)
     _check_distributed(cfg)
     if "data" in uses:
         _check_dataloader(cfg)
