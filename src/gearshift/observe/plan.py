@@ -138,7 +138,9 @@ class Trace:
         return sum(self.peak.values())
 
 
-def _step(cfg, model, optimizer, task: Task, batch_size: int, accum: int, dtype, device) -> None:
+def _step(
+    cfg, model, optimizer, task: Task, batch_size: int, accum: int, dtype, device, tracker
+) -> None:
     """One optimizer step as the Trainer takes it: accum micro-batches, clipping, update."""
     memory_format = torch.channels_last if cfg.memory_format.channels_last else None
     for _ in range(accum):
@@ -147,6 +149,7 @@ def _step(cfg, model, optimizer, task: Task, batch_size: int, accum: int, dtype,
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss, _ = task.loss_terms(model, inputs, targets)
         (loss / accum).backward()
+        tracker.reset_mod_stats()  # MemTracker follows one forward and backward at a time
     if cfg.optimizer.clip_grad_norm:
         clip_grad_norm(model.parameters(), cfg.optimizer.clip_grad_norm)
     optimizer.step()
@@ -173,8 +176,7 @@ def trace(
             for _ in range(2):  # the second runs with the optimizer state in place
                 if roofline:
                     roofline.restart()
-                _step(cfg, model, optimizer, task, batch_size, accum, dtype, device)
-                tracker.reset_mod_stats()  # MemTracker follows one iteration at a time
+                _step(cfg, model, optimizer, task, batch_size, accum, dtype, device, tracker)
         (snapshot,) = tracker.get_tracker_snapshot("peak").values()
     peak = dict.fromkeys(CATEGORIES.values(), 0.0)
     for kind, value in snapshot.items():
