@@ -3,6 +3,7 @@ shares, the roofline, and the one line for input it cannot plan."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from functools import cache
@@ -19,6 +20,7 @@ from gearshift.engine.precision import resolve_amp
 from gearshift.models.factory import build_model
 from gearshift.observe.plan import log_plan, make_plan, resolve_target, trace
 from gearshift.tasks import build_task
+from gearshift.trainer import fit
 
 LM = ("experiment=lm", "logger=none", "progress_bar=false", "batch_size=8")
 CPU = torch.device("cpu")
@@ -197,3 +199,17 @@ def test_gpt2_124m_at_16_x_1024_on_h100_and_on_8_ranks_under_fsdp(tmp_path, monk
           f"{one.step_time_s * 1e3:.0f} ms a step; x8 fsdp {eight.peak_bytes / 2**30:.2f} GiB; "
           f"planned in {took:.1f} s")  # fmt: skip
     assert took < seconds(60)
+
+
+def test_plan_check_puts_the_plan_beside_the_measured_peak_and_step_time(tmp_path):
+    cfg = make_cfg("model=mlp", "device=cpu", "max_steps=3", "plan.check=true", "epochs=1")
+    summary = fit(cfg, tmp_path).summary
+    check = summary["plan"]
+    assert check["measured_peak_kind"] == "tensor_bytes_of_a_real_step"
+    assert check["peak_ratio"] == pytest.approx(1, abs=0.10)
+    assert check["predicted_step_time_s"] > 0 and check["step_time_ratio"] > 0
+    print(f"plan.check on a tiny mlp run: peak ratio {check['peak_ratio']:.4f}, step time "
+          f"ratio {check['step_time_ratio']:.3f}, planning took {check['plan_seconds']:.2f} s")  # fmt: skip
+    assert json.loads((tmp_path / "summary.json").read_text())["plan"] == check
+    off = fit(make_cfg("model=mlp", "device=cpu", "max_steps=1"), tmp_path / "off").summary
+    assert off["plan"] is None

@@ -253,6 +253,19 @@ def measure_cpu_memory(
     return MemoryModel(held, line(fb0, fb1), line(step0, step1))
 
 
+def tracked_step_peak(cfg, task: Task, precision_dtype, memory_format) -> int:
+    """Peak tensor bytes of a real CPU training step at cfg.batch_size, the optimizer state
+    in place: what plan.check holds the plan against (observe/plan.py PlanCheck)."""
+    with torch.random.fork_rng(devices=[]):
+        probe = _Probe(cfg, task, torch.device("cpu"), precision_dtype, memory_format)
+        probe.steps(cfg.batch_size, count=1)  # allocates the optimizer state
+        state = [
+            t for s in probe.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+        ]
+        held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
+        return int(held + max(measure_step_memory(probe, cfg.batch_size)))
+
+
 def _find_cpu(cfg, task, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
     finder = cfg.batch_size_finder
     if finder.max_memory_gib:

@@ -357,3 +357,32 @@ def log_plan(plan: Plan, console: Any = None) -> None:
     for key, value in [*plan.memory.items(), ("peak", plan.peak_bytes)]:
         table.add_row(key.replace("_", " "), f"{value / MIB:,.1f}")
     (console or Console(stderr=True)).print(table)
+
+
+@dataclass
+class PlanCheck:
+    """plan.check=true: the plan of a run beside what the run measured (summary.json `plan`).
+
+    On CUDA the measured peak is the run's own (max_memory_allocated); on a CPU, whose
+    figure is the process's RSS, it is the tensor bytes of one tracked real step
+    (batch_finder.py's tally, `measured_peak_bytes`) taken at start-up."""
+
+    plan: Plan
+    measured_peak_bytes: int | None = None  # CPU: a tracked real step's; None: the run's
+
+    def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
+        cuda = summary["peak_memory_kind"] == "cuda_allocated"
+        measured = summary["peak_memory_bytes"] if cuda else self.measured_peak_bytes
+        step_s = summary["step_time_ms"] / 1e3
+        predicted_s = self.plan.step_time_s
+        return {
+            "device": self.plan.device,
+            "predicted_peak_bytes": self.plan.peak_bytes,
+            "measured_peak_bytes": measured,
+            "measured_peak_kind": "cuda_allocated" if cuda else "tensor_bytes_of_a_real_step",
+            "peak_ratio": self.plan.peak_bytes / measured if measured else None,
+            "predicted_step_time_s": predicted_s,
+            "measured_step_time_s": step_s,
+            "step_time_ratio": predicted_s / step_s if predicted_s and step_s else None,
+            "plan_seconds": self.plan.plan_seconds,
+        }
