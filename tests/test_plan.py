@@ -14,7 +14,7 @@ from helpers import CONF, make_cfg, seconds
 from test_config import preflight_error_lines
 
 from gearshift.app import preflight
-from gearshift.batch_finder import TensorMemory
+from gearshift.batch_finder import TensorMemory, largest_fitting
 from gearshift.engine.optim import build_optimizer, clip_grad_norm
 from gearshift.engine.precision import resolve_amp
 from gearshift.models.factory import build_model
@@ -121,11 +121,17 @@ def test_the_roofline_is_bound_by_the_device_and_the_largest_batch_fills_the_hea
     h100, t4 = make_plan(cfg), make_plan(make_cfg("model=mlp", "plan.device=t4"))
     assert 0 < h100.step_time_s < t4.step_time_s  # T4: 8 TFLOP/s float32 against 67
     assert h100.flops_per_step > 0 and h100.bytes_per_step > 0
-    fixed = h100.peak_bytes - h100.bytes_per_sample * h100.batch_size
-    budget = 0.8 * h100.device_memory_bytes
     largest = h100.largest_batch_size
-    assert largest % 8 == 0 and fixed + h100.bytes_per_sample * largest <= budget
-    assert fixed + h100.bytes_per_sample * (largest + 8) > budget
+    assert largest % 8 == 0 and largest > 10_000
+    at = make_plan(
+        make_cfg("model=mlp", "plan.device=h100", "plan.headroom=0.2", f"batch_size={largest}")
+    )
+    above = make_plan(
+        make_cfg(
+            "model=mlp", "plan.device=h100", "plan.headroom=0.2", f"batch_size={largest * 21 // 20}"
+        )
+    )
+    assert at.fits and not above.fits  # the largest is within 5% of the edge
 
 
 def test_a_batch_too_large_for_the_device_names_the_memory_gears_not_on():
@@ -213,3 +219,36 @@ def test_plan_check_puts_the_plan_beside_the_measured_peak_and_step_time(tmp_pat
     assert json.loads((tmp_path / "summary.json").read_text())["plan"] == check
     off = fit(make_cfg("model=mlp", "device=cpu", "max_steps=1"), tmp_path / "off").summary
     assert off["plan"] is None
+
+
+@pytest.mark.slow  # 12 s: real steps up to 512 samples
+def test_batch_size_auto_from_the_planned_batch_takes_fewer_real_trials():
+    cfg = make_cfg("model=mlp", "device=cpu")
+    budget = 11 * 2**20  # 9 MiB at 16 samples, and room for about 200 more
+    plan = make_plan(cfg, budget=budget)
+    tried: dict[str, list[int]] = {"doubling": [], "planned": []}
+
+    def fits_for(name: str):
+        def fits(n: int) -> bool:  # a real trial: two steps at n, tallied
+            tried[name].append(n)
+            return measured_peak(make_cfg("model=mlp", "device=cpu", f"batch_size={n}")) <= budget
+
+        return fits
+
+    doubling = largest_fitting(fits_for("doubling"), 4096)
+    planned = largest_fitting(fits_for("planned"), 4096, start=plan.largest_batch_size)
+    print(f"batch_size=auto trials: {tried}")
+    assert planned == doubling and abs(plan.largest_batch_size - planned) <= 8
+    assert len(tried["planned"]) < len(tried["doubling"])
+
+
+@pytest.mark.parametrize("limit", [100, 300, 1000, 3000])
+@pytest.mark.parametrize("error", [-0.1, -0.03, 0.0, 0.03, 0.1])
+def test_a_start_near_the_answer_takes_fewer_trials_than_doubling(limit, error):
+    counts = []
+    for start in (None, int(limit * (1 + error))):
+        tried = []
+        found = largest_fitting(lambda n, t=tried: t.append(n) or n <= limit, 4096, start=start)
+        assert found == limit // 8 * 8
+        counts.append(len(tried))
+    assert counts[1] < counts[0], counts

@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -240,7 +241,7 @@ class Plan:
     headroom: float
     fits: bool
     largest_batch_size: int | None
-    bytes_per_sample: float
+    bytes_per_sample: float  # at the largest batch: what one more sample adds
     step_time_s: float | None  # the roofline's: a lower bound
     samples_per_sec_per_device: float | None
     samples_per_sec: float | None  # every rank's
@@ -290,8 +291,9 @@ def advice(
     return gears
 
 
-def make_plan(cfg: DictConfig, task: Task | None = None) -> Plan:
-    """The plan of the run `cfg` describes, for plan.device at plan.world_size."""
+def make_plan(cfg: DictConfig, task: Task | None = None, budget: float | None = None) -> Plan:
+    """The plan of the run `cfg` describes, for plan.device at plan.world_size; the largest
+    batch within `budget` bytes (default: the device's memory less plan.headroom)."""
     start = time.perf_counter()
     task = task or build_task(cfg.task)
     target = resolve_target(cfg)
@@ -300,12 +302,15 @@ def make_plan(cfg: DictConfig, task: Task | None = None) -> Plan:
     dtype = planned_dtype(cfg, target)
     batch = cfg.batch_size if isinstance(cfg.batch_size, int) else STEP  # auto: from 8
     traced = _traced(cfg, task, target, dtype, batch, cfg.accum, timed=True)
-    doubled = _traced(cfg, task, target, dtype, 2 * batch, cfg.accum, timed=False)
     memory = per_device(traced, strategy, world_size, cfg)
     peak = sum(memory.values())
-    per_sample = (doubled.total - traced.total) / batch  # what each sample adds
-    budget = target.memory_bytes * (1 - cfg.plan.headroom)
-    largest = largest_batch(peak - per_sample * batch, per_sample, budget)
+
+    def peak_at(n: int) -> float:
+        at_n = _traced(cfg, task, target, dtype, n, cfg.accum, timed=False)
+        return sum(per_device(at_n, strategy, world_size, cfg).values())
+
+    budget = budget or target.memory_bytes * (1 - cfg.plan.headroom)
+    largest, per_sample = search_largest(peak_at, (batch, peak), budget)
     dtype_name = compute_dtype(cfg, target, dtype, traced.convs)
     if target.gpu:
         peak_rate = gpu_peak(target.gpu, dtype_name)[0]
@@ -323,6 +328,27 @@ def make_plan(cfg: DictConfig, task: Task | None = None) -> Plan:
         [] if fits else advice(cfg, traced, dtype, strategy, batch, largest),
         time.perf_counter() - start,
     )  # fmt: skip
+
+
+def search_largest(
+    peak_at: Callable[[int], float], traced: tuple[int, float], budget: float, rounds: int = 3
+) -> tuple[int | None, float]:
+    """(the largest batch within `budget`, bytes per sample there) by secant steps on the
+    traced peak: the line through the last two traced sizes names the next size to trace.
+    A line from small batches alone misses where the peak's slope changes (the optimizer
+    step's peak, then the backward's), and fake tensors trace any size at the same cost."""
+    points = [traced, (2 * traced[0], peak_at(2 * traced[0]))]
+    largest = None
+    for _ in range(rounds):
+        (n0, p0), (n1, p1) = points[-2:]
+        per_sample = (p1 - p0) / (n1 - n0)
+        largest = largest_batch(p1 - per_sample * n1, per_sample, budget)
+        if not largest or largest in (n0, n1):
+            break
+        points.append((largest, peak_at(largest)))
+    (n0, p0), (n1, p1) = points[-2:]
+    per_sample = (p1 - p0) / (n1 - n0)
+    return largest_batch(p1 - per_sample * n1, per_sample, budget), per_sample
 
 
 def log_plan(plan: Plan, console: Any = None) -> None:
