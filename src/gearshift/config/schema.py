@@ -191,9 +191,7 @@ class PlanConfig:
     device: str = "auto"  # PLAN_DEVICES; auto: the device the run would train on
     world_size: int | None = None  # ranks to plan for; null: the run's
     headroom: float = 0.1  # the share of the device's memory left free by the largest batch
-    check: bool = (
-        False  # every run: the plan beside the measured peak and step time in summary.json
-    )
+    check: bool = False  # the plan beside the measured peak and step time in summary.json
 
 
 @dataclass
