@@ -418,7 +418,9 @@ def _check_distributed(cfg: DictConfig) -> None:
     _check_int(cfg, "distributed.max_restarts", 0)
     d = cfg.distributed
     launched = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
-    if d.strategy in ("ddp", "fsdp") and not launched and d.nproc_per_node == 1:
+    plan = cfg.get("plan") or {}
+    planned = plan.get("enabled") and (plan.get("world_size") or 1) > 1  # plan=on: no launch
+    if d.strategy in ("ddp", "fsdp") and not launched and not planned and d.nproc_per_node == 1:
         _fail(
             "distributed",
             d.strategy,
