@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 import torch
-from helpers import CONF, make_cfg, seconds
+from helpers import CONF, make_cfg, run_train, seconds
 from test_config import preflight_error_lines
 
 from gearshift.app import preflight
@@ -187,6 +187,39 @@ def test_plan_on_prints_the_split_and_exits_0_with_no_run_folder(tmp_path, monke
     for key in ("parameters", "gradients", "optimizer_state", "activations", "temporaries"):
         assert f"{key} " in text
     assert "samples/s per device" in text
+
+
+def test_plan_on_plans_fsdp_on_8_ranks_from_one_process(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level(logging.INFO)
+    argv = ["plan=on", "model=mlp", "logger=none", "plan.device=h100", "plan.world_size=8"]
+    with pytest.raises(SystemExit) as exit:
+        preflight(CONF, argv=[*argv, "distributed=fsdp"])
+    assert exit.value.code == 0 and "plan: H100 x 8 (fsdp)" in caplog.text
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_py_plan_on_prints_the_split_and_exits_0_with_no_run_folder(tmp_path):
+    result = run_train("plan=on", "model=mlp", "logger=none", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout + result.stderr
+    assert "plan: cpu x 1 (none), batch 64 x accum 1 per device" in text
+    for key in ("parameters", "gradients", "optimizer_state", "activations", "temporaries"):
+        assert f"{key} " in text
+    assert "by the roofline (a lower bound)" in text
+    assert list(tmp_path.iterdir()) == []  # no runs/, no outputs/
+
+
+def test_train_py_plan_on_with_a_device_out_of_the_table_is_one_error_line_exit_2(tmp_path):
+    result = run_train("plan=on", "plan.device=b200", "logger=none", cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: plan.device='b200' is not allowed; choose one of: auto, cpu, h200, h200_nvl, "
+        "h100, h100_nvl, h100_pcie, a100, l40s, l4, a10, v100, t4"
+    ]
+    assert "error:" not in result.stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow
