@@ -17,7 +17,10 @@
 #      (GPU_CHECK_BENCH_DATA=0 skips it);
 #   6. GPT-2 124M (model=gpt2, GPT-2's 50257-token head, windows of 1024 synthetic tokens):
 #      every gear off (experiment=lm) against experiment=[fast,lm] with compile=on (bf16,
-#      fused AdamW): tokens/s, MFU and which FLOP count it uses.
+#      fused AdamW): tokens/s, MFU and which FLOP count it uses;
+#   7. plan.check=true (docs/planning.md) for resnet50 at 224 (batch 128, amp=bf16) and
+#      GPT-2 124M (16 x 1024, amp=bf16), a few steps each: the planned peak and step time
+#      against the measured ones and their ratios (goal: within 10% and 25%).
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (PYTHON=... to pick the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -168,4 +171,30 @@ for name in ("gears_off", "fast_compiled"):
           f"compile {g['compile']}  fused {g['fused']}")
     print(f"{'':<14} flops: {s['flops_source']} ({s['flops_per_sample']:.3g} per sample; "
           f"counted {s['flops_per_sample_counted']:.3g})")
+PY
+
+echo "== plan.check: planned vs measured peak and step time (resnet50 224 bf16, GPT-2 124M)"
+OUT="${JPEG_RUNS%_jpeg}_plan"
+rm -rf "$OUT"
+COMMON="data.num_samples=512 data.num_val_samples=0 max_steps=12 warmup_steps=4 \
+log_every_n_steps=4 logger=none progress_bar=false device=cuda amp=bf16 plan.check=true"
+run resnet50 model=resnet50 data.image_size=224 batch_size=128
+run gpt2 experiment=lm model=gpt2 model.vocab_size=50257 batch_size=16
+"$PY" - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+for name in ("resnet50", "gpt2"):
+    path = Path(sys.argv[1]) / name / "summary.json"
+    if not path.is_file():
+        print(f"{name:<10} failed (no summary.json)")
+        continue
+    p = json.loads(path.read_text())["plan"]
+    peak, step = p["peak_ratio"], p["step_time_ratio"]
+    print(f"{name:<10} peak planned {p['predicted_peak_bytes'] / 2**30:6.2f} GiB, measured "
+          f"{p['measured_peak_bytes'] / 2**30:6.2f} GiB ({p['measured_peak_kind']}), ratio "
+          f"{peak:.3f} {'ok' if abs(peak - 1) <= 0.10 else 'OFF (goal 10%)'}")
+    print(f"{'':<10} step planned {p['predicted_step_time_s'] * 1e3:7.1f} ms, measured "
+          f"{p['measured_step_time_s'] * 1e3:7.1f} ms, ratio {step:.3f} "
+          f"{'ok' if abs(step - 1) <= 0.25 else 'OFF (goal 25%)'}; planned in "
+          f"{p['plan_seconds']:.1f} s")
 PY

@@ -152,6 +152,7 @@ SUMMARY_KEYS = {
     "world_size",
     "device",
     "gears",
+    "plan",
     "val_loss",
     "val_accuracy",
     "flops_per_sample",

@@ -248,10 +248,12 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
     except HydraException as error:
         _exit(describe_error(error, None))
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
+        planned = None
         for variant, swept in variants:
             try:
                 cfg = compose(config_name, overrides=variant)
                 check_config(cfg)
+                planned = planned or cfg  # the fixed overrides' config: plan=on plans it
                 _before_cuda_starts(cfg)
             except ConfigError as error:
                 _exit(str(error))
@@ -264,6 +266,24 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
             _exit(problem)
     if line := _searched_on_hydra_key(overrides):
         _exit(line)
+    if planned is not None and planned.plan.enabled:
+        _plan(planned)
+
+
+def _plan(cfg: DictConfig) -> None:
+    """plan=on: the run's memory and step time, printed; exit 0 before Hydra creates a run
+    folder (nothing trains, nothing is allocated but fake tensors)."""
+    if job_rank() not in (None, "0"):  # rank 0 plans for the job
+        raise SystemExit(0)
+    from gearshift.observe.plan import log_plan, make_plan  # loads torch: only now
+
+    if not logging.getLogger().handlers:  # before Hydra: its job_logging is not set up yet
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        log_plan(make_plan(cfg))
+    except ConfigError as error:
+        _exit(str(error))
+    raise SystemExit(0)
 
 
 def _searched_on_hydra_key(overrides: list[str]) -> str | None:

@@ -28,14 +28,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from gearshift.config import ConfigError
 from gearshift.data.loading import to_device
 from gearshift.engine.optim import build_optimizer
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
+from gearshift.observe.plan import make_plan
 from gearshift.parallel.distributed import gather_sum_max
 from gearshift.tasks import Task
 
@@ -59,14 +61,20 @@ class BatchSizeChoice:
         return asdict(self)
 
 
-def largest_fitting(fits: Callable[[int], bool], cap: int, step: int = STEP) -> int:
+def largest_fitting(
+    fits: Callable[[int], bool], cap: int, step: int = STEP, start: int | None = None
+) -> int:
     """The largest multiple of `step` <= `cap` (itself one) with fits(n); 0 if not even `step`.
 
     Doubles from `step` while sizes fit, then bisects between the last fit and the first
-    failure; `fits` is assumed monotone (what fits at n fits below n).
+    failure; `fits` is assumed monotone (what fits at n fits below n). `start`, a planned
+    size (observe/plan.py), brackets the answer first: it and a quarter above it (or below
+    it), so a good plan leaves a short bisection instead of the doublings.
     """
-    good, n = 0, step
-    while n < cap and fits(n):
+    good, n, failed = 0, step, False
+    if start is not None and step <= start < cap:
+        good, n, failed = _bracket(fits, start, cap, step)
+    while not failed and n < cap and fits(n):
         good, n = n, 2 * n
     if n >= cap:
         if fits(cap):
@@ -80,6 +88,20 @@ def largest_fitting(fits: Callable[[int], bool], cap: int, step: int = STEP) -> 
         else:
             bad = middle
     return good
+
+
+def _bracket(fits: Callable[[int], bool], start: int, cap: int, step: int) -> tuple[int, int, bool]:
+    """(the largest size known to fit or 0, the next size up: to try, or known not to fit,
+    and whether it is known not to fit) around the planned `start`."""
+    start = max(step, start // step * step)
+    if fits(start):
+        return start, min(cap, -(-start * 5 // 4 // step) * step), False
+    bad, n = start, max(step, start * 4 // 5 // step * step)
+    while n < bad:  # the plan was too hopeful: down by a fifth, then by halves
+        if fits(n):
+            return n, bad, True
+        bad, n = n, max(step, n // 2 // step * step)
+    return 0, bad, True
 
 
 def size_cap(cfg: DictConfig, num_samples: int | None) -> tuple[int, str]:
@@ -118,6 +140,20 @@ class _Probe:
             self.optimizer_step()
 
 
+def planned_start(cfg, task: Task, device: torch.device, budget: int | None) -> int | None:
+    """The largest batch the plan (observe/plan.py) fits in `budget` (else the device's
+    memory): the first real trial. None where the model cannot be planned."""
+    cfg = OmegaConf.merge(cfg, {"plan": {"device": "auto", "world_size": 1}})
+    memory = budget or torch.cuda.get_device_properties(device).total_memory
+    try:
+        start = make_plan(cfg, task, budget=memory).largest_batch_size
+    except ConfigError as error:
+        log.info("batch_size=auto: no plan to start from (%s); doubling from %d", error, STEP)
+        return None
+    log.info("batch_size=auto: the plan fits %s samples; the search starts there", start)
+    return start or None
+
+
 def _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
     finder = cfg.batch_size_finder
     budget = int(finder.max_memory_gib * GIB) if finder.max_memory_gib else None
@@ -137,7 +173,7 @@ def _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound) ->
         log.debug("batch_size=auto: %d %s", n, "fits" if ok else "does not fit")
         return ok
 
-    largest = largest_fitting(fits, cap)
+    largest = largest_fitting(fits, cap, start=planned_start(cfg, task, device, budget))
     probe = None  # frees the probe's model and optimizer state
     gc.collect()
     torch.cuda.empty_cache()
@@ -251,6 +287,19 @@ def measure_cpu_memory(
         return y0 - per_sample * sizes[0], per_sample
 
     return MemoryModel(held, line(fb0, fb1), line(step0, step1))
+
+
+def tracked_step_peak(cfg, task: Task, precision_dtype, memory_format) -> int:
+    """Peak tensor bytes of a real CPU training step at cfg.batch_size, the optimizer state
+    in place: what plan.check holds the plan against (observe/plan.py PlanCheck)."""
+    with torch.random.fork_rng(devices=[]):
+        probe = _Probe(cfg, task, torch.device("cpu"), precision_dtype, memory_format)
+        probe.steps(cfg.batch_size, count=1)  # allocates the optimizer state
+        state = [
+            t for s in probe.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
+        ]
+        held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
+        return int(held + max(measure_step_memory(probe, cfg.batch_size)))
 
 
 def _find_cpu(cfg, task, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:

@@ -20,7 +20,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from gearshift.batch_finder import BatchSizeChoice, resolve_batch_size
+from gearshift.batch_finder import BatchSizeChoice, resolve_batch_size, tracked_step_peak
 from gearshift.config import ConfigError
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.fields import FieldReader
@@ -40,6 +40,7 @@ from gearshift.observe.memory_snapshot import MemoryHistory, out_of_memory_messa
 from gearshift.observe.metrics import PerfMeter
 from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
+from gearshift.observe.plan import PlanCheck, log_plan, make_plan
 from gearshift.observe.profiler import Profiler
 from gearshift.observe.samples import Sampler, build_sampler
 from gearshift.observe.token_rates import token_summary
@@ -134,6 +135,7 @@ class Run(Parts):
     memory_history: MemoryHistory
     reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
     sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
+    plan: PlanCheck | None  # plan.check=true: the plan, held against what the run measures
 
     def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """What the build decided and measured, for summary.json beside `summary`'s figures:
@@ -145,6 +147,7 @@ class Run(Parts):
             "max_tokens": max_tokens_of(self.cfg),
             "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
             "advice": [finding.as_dict() for finding in self.advice],
+            "plan": self.plan.summary(summary) if self.plan else None,
         }
 
     def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
@@ -369,6 +372,7 @@ def build_run(
     max_steps = step_budget(cfg, parts.task, ranks.world_size, trained)  # before any work
     sampler = build_sampler(cfg, getattr(parts.task, "sampling", None), model)  # a bad prompt too
     advice = advise(cfg, model, device, parts.precision.dtype)  # layer widths, batch, ...
+    plan = check_plan(parts, ranks) if cfg.plan.check else None  # before the run allocates
     if ranks.is_zero:
         log_findings(advice)
     mfu = MFU.measure(
@@ -410,8 +414,21 @@ def build_run(
         strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
         max_steps=max_steps, total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
         mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
-        memory_history=memory_history, reporter=reporter, sampler=sampler,
+        memory_history=memory_history, reporter=reporter, sampler=sampler, plan=plan,
     )  # fmt: skip
+
+
+def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
+    """plan.check=true: this run's plan (its device, its ranks) and, on a CPU, the tensor
+    bytes of a tracked real step to hold it against (CUDA: the run's own peak, at the end)."""
+    cfg = OmegaConf.merge(parts.cfg, {"plan": {"device": "auto", "world_size": ranks.world_size}})
+    plan = make_plan(cfg, parts.task)
+    if ranks.is_zero:
+        log_plan(plan)
+    measured = None
+    if parts.device.type == "cpu":
+        measured = tracked_step_peak(cfg, parts.task, parts.precision.dtype, parts.memory_format)
+    return PlanCheck(plan, measured)
 
 
 def run_length(

@@ -30,6 +30,7 @@ from gearshift.config.schema import (
     ON_NONFINITE,
     OPTIMIZERS,
     PIN_MEMORY,
+    PLAN_DEVICES,
     SCHEDULES,
     STRATEGIES,
     TRAINER,
@@ -417,7 +418,9 @@ def _check_distributed(cfg: DictConfig) -> None:
     _check_int(cfg, "distributed.max_restarts", 0)
     d = cfg.distributed
     launched = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
-    if d.strategy in ("ddp", "fsdp") and not launched and d.nproc_per_node == 1:
+    plan = cfg.get("plan") or {}
+    planned = plan.get("enabled") and (plan.get("world_size") or 1) > 1  # plan=on: no launch
+    if d.strategy in ("ddp", "fsdp") and not launched and not planned and d.nproc_per_node == 1:
         _fail(
             "distributed",
             d.strategy,
@@ -475,6 +478,15 @@ def _check_profile(cfg: DictConfig) -> None:
             True,
             "it records the CUDA allocator's history; this run trains on the CPU",
         )
+
+
+def _check_plan(cfg: DictConfig) -> None:
+    """plan.*: a device of the table, whole ranks, a headroom that leaves some memory."""
+    _check_choice(cfg, "plan.device", PLAN_DEVICES)
+    _check_int(cfg, "plan.world_size", 1, optional=True)
+    headroom = cfg.plan.headroom
+    if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:
+        _fail("plan.headroom", headroom, "expected a share of the memory, 0 <= headroom < 1")
 
 
 def _check_init_from(cfg: DictConfig) -> None:
@@ -614,6 +626,7 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     _check_ema_and_early_stop(cfg)
     _check_choice(cfg, "on_nonfinite", ON_NONFINITE)
     _check_profile(cfg)
+    _check_plan(cfg)
     _check_distributed(cfg)
     if "data" in uses:
         _check_dataloader(cfg)

@@ -174,6 +174,26 @@ class ProfileConfig:
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
 
 
+# plan.device: the run's own device (auto), the CPU, or a GPU of observe/mfu.py's table
+PLAN_DEVICES = (
+    "auto", "cpu", "h200", "h200_nvl", "h100", "h100_nvl", "h100_pcie", "a100", "l40s", "l4",
+    "a10", "v100", "t4",
+)  # fmt: skip
+
+
+@dataclass
+class PlanConfig:
+    """`plan=on`: the run's memory and step time, traced under fake tensors (observe/plan.py),
+    printed without training; `plan.check=true` adds the plan beside the measured figures to
+    summary.json."""
+
+    enabled: bool = False  # plan=on: print the plan and exit 0, no run folder
+    device: str = "auto"  # PLAN_DEVICES; auto: the device the run would train on
+    world_size: int | None = None  # ranks to plan for; null: the run's
+    headroom: float = 0.1  # the share of the device's memory left free by the largest batch
+    check: bool = False  # the plan beside the measured peak and step time in summary.json
+
+
 @dataclass
 class SweepConfig:
     """Settings of the sweep presets (conf/sweep/): `sweep=ablation` reads them."""
@@ -247,6 +267,7 @@ class Config:
     trainer: str = TRAINER  # or a subclass of yours: mypackage.MyTrainer
     trial: TrialConfig = field(default_factory=TrialConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    plan: PlanConfig = MISSING
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

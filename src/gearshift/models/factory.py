@@ -20,6 +20,12 @@ def build_model(
     cfg: DictConfig, device: torch.device, memory_format: torch.memory_format
 ) -> nn.Module:
     """Instantiate `cfg` (the model group) on `device`, weights in `memory_format`."""
+    return instantiate_model(cfg).to(device=device, memory_format=memory_format)
+
+
+def instantiate_model(cfg: DictConfig) -> nn.Module:
+    """The model `cfg` names, with `model.checkpointing` applied, where torch puts new
+    tensors (observe/plan.py: fake ones, on the planned device)."""
     options = OmegaConf.to_container(cfg, resolve=True)
     checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
     for key in MODEL_KEYS:  # the trainer's (build.py applies model.init_from)
@@ -30,9 +36,7 @@ def build_model(
             f"model._target_={options['_target_']!r} is not allowed; it built a "
             f"{type(model).__name__}, expected a torch.nn.Module"
         )
-    if checkpointing:
-        model = apply_checkpointing(model)
-    return model.to(device=device, memory_format=memory_format)
+    return apply_checkpointing(model) if checkpointing else model
 
 
 def resolve_compile(choice: bool | str, device: torch.device) -> tuple[bool, str]:

@@ -127,10 +127,36 @@ GPU_PEAK_TFLOPS: list[tuple[str, dict[str, float], str]] = [
 ]
 
 
+# Memory (GB, 1e9 bytes) and its bandwidth (TB/s) of the same models, from the same datasheets:
+# what observe/plan.py plans against (A100: the 80 GB SXM; V100: the 32 GB SXM2).
+GPU_MEMORY: dict[str, tuple[float, float]] = {
+    "H200 NVL": (141, 4.8),
+    "H200": (141, 4.8),
+    "H100 NVL": (94, 3.9),
+    "H100 PCIe": (80, 2.0),
+    "H100": (80, 3.35),
+    "A100": (80, 2.039),
+    "L40S": (48, 0.864),
+    "L4": (24, 0.3),
+    "A10": (24, 0.6),
+    "V100": (32, 0.9),
+    "T4": (16, 0.32),
+}
+
+
+def gpu_model(name: str) -> str | None:
+    """The table's model that a CUDA device name (or plan.device, h100_pcie) names, or None."""
+    name = name.replace("_", " ")
+    for model, _, _ in GPU_PEAK_TFLOPS:
+        if re.search(r"\b" + r"\s+".join(model.split()) + r"\b", name, re.IGNORECASE):
+            return model
+    return None
+
+
 def gpu_peak(name: str, dtype: str) -> tuple[float | None, str]:
     """(dense peak FLOP/s or None, where it came from) for a CUDA device name and dtype."""
     for model, peaks, url in GPU_PEAK_TFLOPS:
-        if re.search(r"\b" + r"\s+".join(model.split()) + r"\b", name, re.IGNORECASE):
+        if model == gpu_model(name):
             if dtype not in peaks:
                 return None, f"datasheet: {model} has no dense {dtype} peak ({url})"
             return peaks[dtype] * TERA, f"datasheet: {model} dense {dtype} ({url})"
