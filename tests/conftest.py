@@ -78,20 +78,6 @@ SLOW_WITH_FAST_COVER = {
         for case in ("before-metadata", "mid-shard-async")
     },
     "tests/test_tokens.py::test_a_gpt_learns_a_grammar_well_below_the_unigram_entropy": "tests/test_lm.py::test_a_bigram_model_learns_the_chain_down_to_near_its_entropy",
-    **{
-        "tests/test_optuna_sweeper.py::"
-        f"test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder[{case}]": "tests/test_optuna_sweeper.py::"
-        "test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder[+hydra.sweeper.params."
-        "optimizer.lrr=choice(1,2)-message0]"
-        for case in (
-            "hydra.sweeper.live_trials=kill-hydra.sweeper.live_trials='kill' is not allowed",
-            "hydra.sweeper.sampler=annealing-hydra.sweeper.sampler='annealing' is not allowed",
-            "hydra.sweeper.pruner=asha-hydra.sweeper.pruner='asha' is not allowed",
-            "optimizer.lr=interval(0.5, 0.1)-needs low < high",
-            "batch_size=glob(a*)-batch_size=glob(a*) is not allowed",
-            "hydra.sweeper.n_jobs=3-is not allowed with hydra/launcher=processes on",
-        )
-    },
 }
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, make_cfg, run_train, seconds
+from helpers import ROOT, make_cfg, run_train, seconds, train_in_process
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift import evaluate, export
@@ -327,7 +327,7 @@ def test_resuming_with_other_settings_names_each_change(tmp_path, caplog):
 
 
 def test_resume_from_a_missing_file_is_one_line(tmp_path):
-    result = run_train("resume=/missing.pt", cwd=tmp_path)
+    result = train_in_process("resume=/missing.pt", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "error: resume='/missing.pt' is not allowed; no such checkpoint file; "

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,9 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_recorded, train_sharded
-from helpers import CONF, ROOT, check_amp_on_resolved, make_cfg, only_summary, run_train, seconds
+from helpers import (
+    CONF,
+    ROOT,
+    check_amp_on_resolved,
+    free_port,
+    make_cfg,
+    only_summary,
+    run_train,
+    seconds,
+    start_ranks,
+)
 
 import gearshift.trainer
 from gearshift.app import preflight
@@ -32,19 +40,8 @@ TINY_CLI = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn_ranks(tmp_path: Path, overrides: list[str], worker=count_allreduces) -> list[dict]:
-    mp.start_processes(
-        worker,
-        args=(2, free_port(), str(tmp_path), overrides),
-        nprocs=2,
-        start_method="spawn",
-    )
+    start_ranks(worker, 2, 2, free_port(), str(tmp_path), overrides)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 

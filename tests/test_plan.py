@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 import torch
-from helpers import CONF, make_cfg, run_train, seconds
+from helpers import CONF, make_cfg, run_train, seconds, train_in_process
 from test_config import preflight_error_lines
 
 from gearshift.app import preflight
@@ -211,7 +211,7 @@ def test_train_py_plan_on_prints_the_split_and_exits_0_with_no_run_folder(tmp_pa
 
 
 def test_train_py_plan_on_with_a_device_out_of_the_table_is_one_error_line_exit_2(tmp_path):
-    result = run_train("plan=on", "plan.device=b200", "logger=none", cwd=tmp_path, timeout=120)
+    result = train_in_process("plan=on", "plan.device=b200", "logger=none", cwd=tmp_path)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
