@@ -317,7 +317,11 @@ class PlanConfig:
         check_choice(node, "device", PLAN_DEVICES, "plan.")
         check_int(node, "world_size", 1, optional=True, prefix="plan.")
         headroom = node.headroom
-        if isinstance(headroom, bool) or not isinstance(headroom, int | float) or not 0 <= headroom < 1:  # fmt: skip
+        if (
+            isinstance(headroom, bool)
+            or not isinstance(headroom, int | float)
+            or not 0 <= headroom < 1
+        ):
             fail("plan.headroom", headroom, "expected a share of the memory, 0 <= headroom < 1")
 
 
@@ -408,14 +412,18 @@ class Config:
         for key in ("accum", "epochs", "log_every_n_steps"):
             check_int(cfg, key, 1)
         value = cfg.batch_size
-        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):  # fmt: skip
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             fail("batch_size", value, "expected an integer >= 1 or auto")
         check_int(cfg, "warmup_steps", 0)
         check_int(cfg, "max_steps", 1, optional=True)
         _check_max_tokens(cfg.get("max_tokens"))
         check_int(cfg, "val_every_n_steps", 1, optional=True)
         if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
-            fail("resume", cfg.resume, "no such checkpoint file; give a checkpoint's path, auto or null")  # fmt: skip
+            fail(
+                "resume",
+                cfg.resume,
+                "no such checkpoint file; give a checkpoint's path, auto or null",
+            )
         _check_init_from(cfg.model)
         check_choice(cfg, "on_nonfinite", ON_NONFINITE)
 
@@ -450,7 +458,9 @@ class Config:
                 fail("device", device, "this machine has no CUDA device; choose auto or cpu")
             index = int(device[5:]) if ":" in device else 0
             if index >= torch.cuda.device_count():
-                fail("device", device, f"this machine has {torch.cuda.device_count()} CUDA device(s)")  # fmt: skip
+                fail(
+                    "device", device, f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+                )
             return
         fail("device", device, "choose one of: " + ", ".join(DEVICES))
 
