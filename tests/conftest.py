@@ -72,11 +72,6 @@ SLOW_WITH_FAST_COVER = {
     "tests/test_make_it_yours.py::test_the_example_trains_as_2_rank_ddp": "tests/test_make_it_yours.py::test_a_term_logged_beside_the_loss_changes_the_task_file_alone[2]",
     "tests/test_make_it_yours.py::test_a_term_logged_beside_the_loss_changes_the_task_file_alone[1]": "tests/test_make_it_yours.py::test_a_term_logged_beside_the_loss_changes_the_task_file_alone[2]",
     **{
-        f"tests/test_make_it_yours.py::test_a_target_that_cannot_be_built_is_one_line[{case}]": "tests/test_make_it_yours.py::test_a_target_that_cannot_be_built_is_one_line[model-raises]"
-        for case in ("model-arguments", "source-arguments", "source-raises", "unread-field")
-    },
-    "tests/test_make_it_yours.py::test_a_run_folder_that_cannot_be_made_is_one_line[under-a-file]": "tests/test_make_it_yours.py::test_a_run_folder_that_cannot_be_made_is_one_line[unwritable]",
-    **{
         f"{CK}test_a_save_killed_mid_write_leaves_the_previous_checkpoint_for_resume[{case}]": f"{CK}test_a_save_killed_mid_write_leaves_the_previous_checkpoint_for_resume[mid-shard]"
         for case in ("before-metadata", "mid-shard-async")
     },

@@ -149,6 +149,9 @@ def train_in_process(
     with (
         mock.patch.object(sys, "argv", argv),
         mock.patch.dict(os.environ, env or {}),
+        # Hydra's logging config replaces the root's handlers and closes them: pytest's own
+        # would then fail at every later record. Closed, no; put back below.
+        mock.patch.object(logging, "shutdown"),
         _working_in(cwd),
         contextlib.redirect_stdout(stdout),
         contextlib.redirect_stderr(stderr),
@@ -163,6 +166,8 @@ def train_in_process(
                 if handler not in handlers:
                     root.removeHandler(handler)
                     handler.close()
+            for handler in handlers:
+                root.addHandler(handler)  # a no-op for those still there
             root.setLevel(level)
     return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
 

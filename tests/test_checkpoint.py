@@ -363,7 +363,9 @@ def test_a_checkpoint_folder_missing_a_shard_is_one_line_for_train_evaluate_and_
     (path / "__0_0.distcp").unlink()  # a copy that lost a file
     expected = f"error: resume='{path}': shard file __0_0.distcp is missing; the checkpoint is incomplete"  # fmt: skip
     run_dir = tmp_path / "resumed"
-    result = train_in_process("model=mlp", f"resume={path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = train_in_process(
+        "model=mlp", f"resume={path}", f"hydra.run.dir={run_dir}", cwd=tmp_path
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1:] == [expected]
     assert "Traceback" not in result.stderr and not run_dir.exists()

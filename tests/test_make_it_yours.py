@@ -6,6 +6,7 @@ be made end with one line."""
 from __future__ import annotations
 
 import csv
+import importlib
 import math
 import os
 import re
@@ -15,10 +16,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
-from helpers import ROOT, check_amp_on_resolved, only_summary, seconds
+from helpers import ROOT, check_amp_on_resolved, only_summary, seconds, train_in_process
 
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 
@@ -100,6 +102,19 @@ def train(work: Path, *overrides: str, example: bool = True, timeout: float = 12
     )
 
 
+def train_here(work: Path, *overrides: str, example: bool = True) -> subprocess.CompletedProcess:
+    """`train`, in this process (helpers.train_in_process): the page's package is imported
+    from `work` and forgotten after, for the next test's folder holds a copy of its own."""
+    args, _ = command(work, *overrides, example=example)
+    importlib.invalidate_caches()
+    try:
+        with mock.patch.object(sys, "path", [str(work), *sys.path]):
+            return train_in_process(*args[2:], cwd=work)
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] in ("myproject", "broken")]:
+            del sys.modules[name]
+
+
 def check_task_metrics(summary: dict, world_size: int = 1) -> None:
     assert summary["world_size"] == world_size
     assert math.isfinite(summary["final_loss"])
@@ -108,7 +123,7 @@ def check_task_metrics(summary: dict, world_size: int = 1) -> None:
 
 
 def test_gears_train_the_example_and_its_summary_has_its_metrics_and_mfu(work):
-    done = train(work, "amp=on", "accum=2", "dataloader=tuned", "max_steps=6")
+    done = train_here(work, "amp=on", "accum=2", "dataloader=tuned", "max_steps=6")
     assert done.returncode == 0, done.stderr[-3000:]
     summary = only_summary(work)
     check_task_metrics(summary)
@@ -124,7 +139,9 @@ def test_gears_train_the_example_and_its_summary_has_its_metrics_and_mfu(work):
 
 
 def test_batch_size_auto_sizes_the_example(work):
-    done = train(work, "batch_size=auto", "batch_size_finder.max_memory_gib=0.002", "max_steps=2")
+    done = train_here(
+        work, "batch_size=auto", "batch_size_finder.max_memory_gib=0.002", "max_steps=2"
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = only_summary(work)
     check_task_metrics(summary)
@@ -236,8 +253,18 @@ def assert_one_line_error(done: subprocess.CompletedProcess, work: Path, message
 )
 def test_a_target_that_cannot_be_built_is_one_line(work, overrides, example, message):
     (work / "broken.py").write_text(BROKEN_SOURCE)
-    done = train(work, *overrides, "max_steps=1", example=example)
+    done = train_here(work, *overrides, "max_steps=1", example=example)
     assert_one_line_error(done, work, message)
+
+
+def test_a_target_that_cannot_be_built_ends_the_process_with_one_line(work):
+    """A case of the test above as its own process: the exit path (exit 2, one line, the run
+    folder Hydra made removed) of an error found while the run is built."""
+    done = train(work, "model=resnet18", "+model.bogus=1", "data.image_size=8", "max_steps=1",
+                 example=False)  # fmt: skip
+    assert_one_line_error(done, work, "model._target_='torchvision.models.resnet18' could not "
+                          "be built: TypeError: ResNet.__init__() got an unexpected keyword "
+                          "argument 'bogus'")  # fmt: skip
 
 
 @pytest.mark.parametrize("where", ["under-a-file", "unwritable"])
@@ -250,12 +277,14 @@ def test_a_run_folder_that_cannot_be_made_is_one_line(work, where):
     else:
         (work / "locked").mkdir(mode=0o500)
         run_dir, reason = work / "locked" / "run", f"cannot create folders in {work / 'locked'}"
-    done = train(work, f"hydra.run.dir={run_dir}", "max_steps=1")
+    done = train_here(work, f"hydra.run.dir={run_dir}", "max_steps=1")
     assert_one_line_error(done, work, f"hydra.run.dir={str(run_dir)!r} is not allowed; {reason}")
 
 
 def test_a_misspelt_experiment_of_yours_is_one_line_that_lists_yours(work):
-    done = train(work, COMMAND[0], "experiment=denoize", example=False)  # the page's searchpath
+    done = train_here(
+        work, COMMAND[0], "experiment=denoize", example=False
+    )  # the page's searchpath
     choices = "baseline, denoise, fast, lm, regression"
     assert_one_line_error(
         done, work, f"experiment='denoize' is not allowed; choose one of: {choices}"
