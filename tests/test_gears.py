@@ -317,7 +317,7 @@ def test_fused_optimizer_gear_builds_a_fused_optimizer(tmp_path):
     result = fit(
         make_cfg("model=mlp", "max_steps=2", "optimizer=adamw", "optimizer.fused=true"), tmp_path
     )
-    assert all(group["fused"] for group in result.optimizer.param_groups)
+    assert all(group["fused"] for group in result.optimizers.param_groups)
     assert result.summary["steps"] == 2
 
 

@@ -15,7 +15,7 @@ from test_distributed import GPT_CLIPPED, free_port, spawn_ranks
 
 from gearshift.build import build_parts
 from gearshift.config import ConfigError
-from gearshift.engine.optim import MuonWithAdamW, build_optimizer
+from gearshift.engine.optim import Optimizers, build_optimizers
 from gearshift.models import GPT
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
@@ -33,17 +33,20 @@ def lm_cfg(*overrides: str):
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest_each_at_its_lr():
     cfg = lm_cfg("optimizer.muon_lr=0.05", "optimizer.lr=0.001")
     model = GPT(64, 16, n_layer=2, n_head=2, n_embd=32)
-    optimizer = build_optimizer(model, cfg.optimizer)
-    assert isinstance(optimizer, MuonWithAdamW)
+    optimizers = build_optimizers(model, cfg.optimizer)
+    assert isinstance(optimizers, Optimizers)
+    muon, adamw = optimizers.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     names = {id(p): n for n, p in model.named_parameters()}
-    on_muon = {names[id(p)] for g in optimizer.muon.param_groups for p in g["params"]}
-    on_adamw = {names[id(p)] for g in optimizer.adamw.param_groups for p in g["params"]}
+    on_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    on_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
     assert on_muon == {f"blocks.{i}.{m}.weight" for i in range(2)
                        for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")}  # fmt: skip
     assert on_adamw == set(names.values()) - on_muon  # wte (the tied head), wpe, LayerNorms
-    assert {g["lr"] for g in optimizer.muon.param_groups} == {0.05}
-    assert {g["lr"] for g in optimizer.adamw.param_groups} == {0.001}
-    assert len(optimizer.param_groups) == 3  # what the schedule scales: both optimizers' groups
+    assert {g["lr"] for g in muon.param_groups} == {0.05}
+    assert {g["lr"] for g in adamw.param_groups} == {0.001}
+    assert len(optimizers.param_groups) == 3  # both optimizers' groups, the same dicts
+    assert all(a is b for a, b in zip(optimizers.param_groups, [*muon.param_groups, *adamw.param_groups], strict=True))  # fmt: skip
 
 
 def test_muon_state_saves_and_resumes_exactly(tmp_path):

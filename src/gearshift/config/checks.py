@@ -319,10 +319,23 @@ def _check_normalisation(data: DictConfig) -> None:
         _fail("data.std", list(data.std), "expected numbers > 0")
 
 
+# What one's own optimizer class and schedule must be (engine/optim.py builds them).
+OPTIMIZER_CLASS = "expected an importable torch.optim.Optimizer subclass (module.Name)"
+SCHEDULE_FUNCTION = (
+    f"choose one of: {', '.join(SCHEDULES)}, or name a function factor(step, total_steps) "
+    "-> float (module.name)"
+)
+
+
 def _check_optimizer(cfg: DictConfig) -> None:
     _check_choice(cfg, "optimizer.name", OPTIMIZERS)
-    _check_choice(cfg, "optimizer.schedule", SCHEDULES)
     optimizer = cfg.optimizer
+    if optimizer.schedule not in SCHEDULES:  # one's own: factor(step, total_steps)
+        if "." not in str(optimizer.schedule):
+            _fail("optimizer.schedule", optimizer.schedule, SCHEDULE_FUNCTION)
+        locate("optimizer.schedule", optimizer.schedule, SCHEDULE_FUNCTION)
+    if optimizer.get("_target_"):  # one's own optimizer class
+        _check_optimizer_class(optimizer._target_)
     if not optimizer.lr > 0:
         _fail("optimizer.lr", optimizer.lr, "expected a number > 0")
     if math.isinf(optimizer.lr):
@@ -348,18 +361,27 @@ def _check_optimizer(cfg: DictConfig) -> None:
         _fail("optimizer.foreach", True, "it cannot be true together with optimizer.fused=true")
 
 
-def locate(key: str, target: Any) -> Any:
-    """The class or function `target` names ("module.Name"), or a ConfigError for `key`."""
+def _check_optimizer_class(target: Any) -> None:
+    """`optimizer._target_` names a torch.optim.Optimizer subclass, checked by the names of
+    its bases (the config layer does not import torch)."""
+    found = locate("optimizer._target_", target, OPTIMIZER_CLASS)
+    bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
+    if not isinstance(found, type) or "torch.optim.optimizer.Optimizer" not in bases:
+        _fail("optimizer._target_", target, OPTIMIZER_CLASS)
+
+
+def locate(
+    key: str, target: Any, expected: str = "expected an importable class or function (module.Name)"
+) -> Any:
+    """The class or function `target` names ("module.Name"), or a ConfigError for `key`
+    that says what is `expected` there."""
     module, _, name = str(target).rpartition(".")
     try:  # not hydra.utils.get_object: it prints its own multi-line error first
         found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
         found = None
     if not callable(found):  # missing, or a module
-        raise ConfigError(
-            f"{key}={target!r} is not allowed; "
-            "expected an importable class or function (module.Name)"
-        )
+        raise ConfigError(f"{key}={target!r} is not allowed; {expected}")
     return found
 
 

@@ -83,6 +83,9 @@ SCHEDULES = ("constant", "cosine")
 @dataclass
 class OptimizerConfig:
     name: str = "sgd"  # OPTIMIZERS; set by the optimizer group
+    # one's own torch.optim.Optimizer subclass (module.Name), built as
+    # cls(parameter groups, lr=lr, weight_decay=weight_decay); it replaces `name`'s
+    _target_: str | None = None
     lr: float = 0.05  # the peak learning rate (AdamW's under muon)
     momentum: float = 0.9  # SGD's momentum
     nesterov: bool = False  # SGD: Nesterov momentum
@@ -92,7 +95,9 @@ class OptimizerConfig:
     foreach: bool | None = None  # None: torch's default
     fused: bool = False  # one fused kernel for the update
     set_to_none: bool = False  # zero_grad(set_to_none=True): free the gradients (tip 12)
-    schedule: str = "cosine"  # SCHEDULES; the lr over the run's steps, after the warm-up
+    # SCHEDULES, or one's own function factor(step, total_steps) -> float (module.name):
+    # the lr over the run's steps, after the warm-up, as a multiple of `lr`
+    schedule: str = "cosine"
     lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
     muon_lr: float = 0.02  # optimizer=muon: Muon's lr on the hidden matrices (lr: AdamW's)
