@@ -16,6 +16,7 @@ from test_distributed import GPT_CLIPPED, free_port, spawn_ranks
 from gearshift.build import build_parts
 from gearshift.config import ConfigError
 from gearshift.engine.optim import Optimizers, build_optimizers
+from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
@@ -160,3 +161,27 @@ def test_muon_on_a_model_without_hidden_matrices_exits_2_with_no_run_folder(tmp_
         "take AdamW): use optimizer=adamw"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_under_fp16_muon_and_adamw_skip_a_step_with_inf_gradients_together():
+    # the GradScaler takes both as one: one inf/nan check a step, one decision for both
+    model = GPT(64, 16, n_layer=1, n_head=2, n_embd=32)
+    optimizers = build_optimizers(model, lm_cfg().optimizer, total_steps=4)
+    precision = Precision(torch.float16, CPU)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = torch.randint(64, (2, 16))
+    with precision.autocast():
+        loss = model(idx).float().mean()
+    precision.backward(loss * float("inf"))
+    precision.step(optimizers)
+    assert int(precision.skipped_steps) == 1
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    optimizers.zero_grad()
+    with precision.autocast():
+        loss = model(idx).float().mean()
+    precision.backward(loss)
+    precision.unscale(optimizers)  # as the loop does before clipping; step does not again
+    precision.step(optimizers)
+    assert int(precision.skipped_steps) == 1
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert "blocks.0.mlp.fc.weight" in moved and "wte.weight" in moved  # Muon's and AdamW's

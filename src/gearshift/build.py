@@ -2,8 +2,8 @@
 
 `build_parts` makes what validating a model needs (precision, task, batches, device
 transforms, the model and its weight average); `build_run` adds what training needs
-(the wrapped forward, the optimizers with their schedules, checkpointer, the loop's meters, profiler, MFU
-and the advisor) and restores a checkpoint into them. Every builder decides against this
+(the wrapped forward, the optimizers with their lr schedules, checkpointer, the loop's
+meters, profiler, MFU and the advisor) and restores a checkpoint into them. Every builder decides against this
 machine once (what `amp=on` means here, how many loader workers, whether to compile), and
 the run's `gears` (summary.json) is the collection of those decisions with their reasons.
 """
@@ -445,8 +445,8 @@ def run_length(
 
 
 def build_checkpointer(
-    folder: Path, parts: Parts, strategy: str, position: Position,
-    optimizers: Optimizers, best: BestTracker, saved: Saved | None, trained: Trained | None, batches_per_epoch: int,
+    folder: Path, parts: Parts, strategy: str, position: Position, optimizers: Optimizers,
+    best: BestTracker, saved: Saved | None, trained: Trained | None, batches_per_epoch: int,
 ) -> Checkpointer:  # fmt: skip
     """The checkpointer of the run's parts, each registered under its name; restored from
     `saved` when the run resumes (and the device transforms' draws moved on to match)."""

@@ -365,8 +365,10 @@ def _check_optimizer_class(target: Any) -> None:
     """`optimizer._target_` names a torch.optim.Optimizer subclass, checked by the names of
     its bases (the config layer does not import torch)."""
     found = locate("optimizer._target_", target, OPTIMIZER_CLASS)
-    bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
-    if not isinstance(found, type) or "torch.optim.optimizer.Optimizer" not in bases:
+    if not isinstance(found, type):
+        _fail("optimizer._target_", target, OPTIMIZER_CLASS)
+    bases = {f"{c.__module__}.{c.__qualname__}" for c in found.__mro__}
+    if "torch.optim.optimizer.Optimizer" not in bases:
         _fail("optimizer._target_", target, OPTIMIZER_CLASS)
 
 

@@ -149,17 +149,23 @@ class Optimizers:
 
     def unscale_(self, scaler: torch.amp.GradScaler) -> None:
         """fp16: divide every optimizer's gradients by the loss scale now."""
-        for optimizer in self.optimizers:
-            scaler.unscale_(optimizer)
+        scaler.unscale_(self._scaled())
 
     def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
-        """One update of every optimizer; `scaler` (fp16): each through the GradScaler, which
-        skips an optimizer whose gradients hold inf/nan. The caller updates the scale once."""
+        """One update of every optimizer; `scaler` (fp16): through the GradScaler, which skips
+        the update when the gradients hold inf/nan. The caller updates the scale once."""
+        if scaler is not None:
+            scaler.step(self._scaled())  # calls our step() again, without the scaler
+            return
         for optimizer in self.optimizers:
-            if scaler is None:
-                optimizer.step()
-            else:
-                scaler.step(optimizer)
+            optimizer.step()
+
+    def _scaled(self) -> torch.optim.Optimizer | Optimizers:
+        """What the GradScaler unscales and steps: one optimizer itself (a fused one takes
+        the scale and skips on the device, with no host read), several as one (GradScaler
+        reads `param_groups` and calls `step()`): one inf/nan read a step, not one per
+        optimizer, and they skip together."""
+        return self.optimizers[0] if len(self.optimizers) == 1 else self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for optimizer in self.optimizers:
