@@ -1,5 +1,8 @@
-"""The run's optimizers (one stateful container: engine/optim.py Optimizers), gradient
-clipping and the learning-rate schedules."""
+"""The run's optimizers and their learning-rate schedules as one stateful thing
+(`Optimizers`, built by `build_optimizers`), and gradient clipping.
+
+One's own optimizer class (`optimizer._target_`) and schedule (`optimizer.schedule`
+naming a function) plug in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 
