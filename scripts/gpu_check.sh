@@ -78,18 +78,7 @@ run batch_auto batch_size=auto amp=on
 "$PY" scripts/report.py "$OUT"
 
 echo "== MFU and advisor findings per run"
-"$PY" - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-for summary in sorted(Path(sys.argv[1]).glob("*/summary.json")):
-    s = json.loads(summary.read_text())
-    mfu = f"{s['mfu']:.3f}" if s.get("mfu") is not None else "n/a"
-    print(f"{summary.parent.name:<16} mfu {mfu:>6}  batch {s['gears']['batch_size']:>5}  "
-          f"peak {s['peak_memory_bytes'] / 2**30:6.2f} GiB  "
-          f"advice: {', '.join(a['id'] for a in s.get('advice', [])) or '-'}")
-    if summary.parent.name == "baseline":
-        print(f"{'':<16} peak source: {s.get('peak_flops_source')}")
-PY
+"$PY" scripts/gpu_summaries.py runs "$OUT"
 
 echo "== real JPEGs: experiment=fast, decoded in the workers vs on the GPU"
 JPEGS="${OUT}_jpegs"
@@ -126,21 +115,8 @@ run gpu_decode experiment=fast $JPEG_DATA data.decode=gpu
 # shellcheck disable=SC2086  # the GPU decodes the resized JPEG copy (~258 px) instead
 run gpu_decode_staged experiment=fast $JPEG_DATA data.decode=gpu \
   "data.stage_to=$JPEG_RUNS.stage" data.stage_format=jpeg
-"$PY" - "${JPEG_RUNS%_jpeg}/all" "$JPEG_RUNS/host_decode" "$JPEG_RUNS/gpu_decode" \
-  "$JPEG_RUNS/gpu_decode_staged" <<'PY'
-import json, sys
-from pathlib import Path
-rows = {Path(p).name: Path(p) / "summary.json" for p in sys.argv[1:]}
-base = json.loads(rows["all"].read_text())["samples_per_sec"] if rows["all"].is_file() else None
-for name, path in rows.items():
-    if not path.is_file():
-        print(f"{name:<18} failed (no summary.json)")
-        continue
-    s = json.loads(path.read_text())
-    ratio = f"{s['samples_per_sec'] / base:.2f}x synthetic" if base else ""
-    print(f"{name:<18} {s['samples_per_sec']:8.0f} img/s  data wait {s['data_wait_pct']:5.1f}%  "
-          f"workers {s['gears']['num_workers']}  {ratio}")
-PY
+"$PY" scripts/gpu_summaries.py images "${JPEG_RUNS%_jpeg}/all" "$JPEG_RUNS/host_decode" \
+  "$JPEG_RUNS/gpu_decode" "$JPEG_RUNS/gpu_decode_staged"
 
 if [ "${GPU_CHECK_BENCH_DATA:-1}" = 1 ]; then
   echo "== image loaders vs the torchvision recipe (make bench-data), on the GPU"
@@ -156,22 +132,7 @@ batch_size=32 max_steps=40 warmup_steps=15 log_every_n_steps=10 logger=none \
 progress_bar=false device=cuda"
 run gears_off experiment=lm
 run fast_compiled "experiment=[fast,lm]" compile=on
-"$PY" - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-for name in ("gears_off", "fast_compiled"):
-    path = Path(sys.argv[1]) / name / "summary.json"
-    if not path.is_file():
-        print(f"{name:<14} failed (no summary.json)")
-        continue
-    s, g = json.loads(path.read_text()), json.loads(path.read_text())["gears"]
-    mfu = f"{s['mfu']:.3f}" if s.get("mfu") is not None else "n/a"
-    print(f"{name:<14} {s['tokens_per_sec']:10.0f} tokens/s  mfu {mfu}  "
-          f"peak {s['peak_memory_bytes'] / 2**30:5.1f} GiB  amp {g['amp']}  "
-          f"compile {g['compile']}  fused {g['fused']}")
-    print(f"{'':<14} flops: {s['flops_source']} ({s['flops_per_sample']:.3g} per sample; "
-          f"counted {s['flops_per_sample_counted']:.3g})")
-PY
+"$PY" scripts/gpu_summaries.py tokens "$OUT/gears_off" "$OUT/fast_compiled"
 
 echo "== plan.check: planned vs measured peak and step time (resnet50 224 bf16, GPT-2 124M)"
 OUT="${JPEG_RUNS%_jpeg}_plan"
@@ -180,21 +141,4 @@ COMMON="data.num_samples=512 data.num_val_samples=0 max_steps=12 warmup_steps=4 
 log_every_n_steps=4 logger=none progress_bar=false device=cuda amp=bf16 plan.check=true"
 run resnet50 model=resnet50 data.image_size=224 batch_size=128
 run gpt2 experiment=lm model=gpt2 model.vocab_size=50257 batch_size=16
-"$PY" - "$OUT" <<'PY'
-import json, sys
-from pathlib import Path
-for name in ("resnet50", "gpt2"):
-    path = Path(sys.argv[1]) / name / "summary.json"
-    if not path.is_file():
-        print(f"{name:<10} failed (no summary.json)")
-        continue
-    p = json.loads(path.read_text())["plan"]
-    peak, step = p["peak_ratio"], p["step_time_ratio"]
-    print(f"{name:<10} peak planned {p['predicted_peak_bytes'] / 2**30:6.2f} GiB, measured "
-          f"{p['measured_peak_bytes'] / 2**30:6.2f} GiB ({p['measured_peak_kind']}), ratio "
-          f"{peak:.3f} {'ok' if abs(peak - 1) <= 0.10 else 'OFF (goal 10%)'}")
-    print(f"{'':<10} step planned {p['predicted_step_time_s'] * 1e3:7.1f} ms, measured "
-          f"{p['measured_step_time_s'] * 1e3:7.1f} ms, ratio {step:.3f} "
-          f"{'ok' if abs(step - 1) <= 0.25 else 'OFF (goal 25%)'}; planned in "
-          f"{p['plan_seconds']:.1f} s")
-PY
+"$PY" scripts/gpu_summaries.py plan "$OUT/resnet50" "$OUT/gpt2"

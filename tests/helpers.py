@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
+import logging
 import math
 import os
+import runpy
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -100,6 +108,63 @@ def run_train(
         timeout=seconds(timeout),
         env={**os.environ, **env} if env else None,
     )
+
+
+@contextmanager
+def _working_in(folder: Path) -> Iterator[None]:  # contextlib.chdir, from Python 3.11 on
+    before = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(worker, nprocs: int, *args) -> None:
+    """`worker(rank, *args)` in `nprocs` processes, and wait for them. Forked, so each rank
+    starts with torch imported (a spawned one spends seconds importing it again); spawned
+    where this process has started CUDA, which a forked child cannot use."""
+    method = "spawn" if torch.cuda.is_initialized() else "fork"
+    mp.start_processes(worker, args=args, nprocs=nprocs, start_method=method)
+
+
+def train_in_process(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`python train.py ARGS` run inside this process, as train.py runs it (its preflight,
+    then Hydra's main): for input the entry point refuses, in a fraction of a second where a
+    process spends seconds importing torch. Each entry point keeps one test of its own that
+    runs it as a process (`run_train`), for the exit status and stderr of the real thing."""
+    argv = [str(ROOT / "train.py"), *args]
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stdout, stderr = io.StringIO(), io.StringIO()
+    returncode = 0
+    with (
+        mock.patch.object(sys, "argv", argv),
+        mock.patch.dict(os.environ, env or {}),
+        _working_in(cwd),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+        except SystemExit as stop:
+            returncode = stop.code if isinstance(stop.code, int) else 1
+        finally:
+            GlobalHydra.instance().clear()  # Hydra leaves itself set up after a failed run
+            for handler in root.handlers[:]:  # and its logging writing into the run folder
+                if handler not in handlers:
+                    root.removeHandler(handler)
+                    handler.close()
+            root.setLevel(level)
+    return subprocess.CompletedProcess(argv, returncode, stdout.getvalue(), stderr.getvalue())
 
 
 def fake_cpu_speed(monkeypatch, speed: float) -> None:

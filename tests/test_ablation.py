@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import CONF, ROOT, run_train, seconds
+from helpers import CONF, ROOT, seconds, train_in_process
 from hydra import compose, initialize_config_dir
 from wandb_records import read_records
 
@@ -34,7 +34,7 @@ def test_the_ablation_runs_rounds_with_the_baseline_mid_round():
 
 
 def test_no_rounds_is_one_error_line_and_no_sweep_folder(tmp_path):
-    result = run_train("-m", "sweep=ablation", "sweep.rounds=0", cwd=tmp_path, timeout=120)
+    result = train_in_process("-m", "sweep=ablation", "sweep.rounds=0", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == "error: sweep.rounds=0 is not allowed; expected an integer >= 1"
     assert list(tmp_path.iterdir()) == []

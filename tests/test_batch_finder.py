@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from helpers import make_cfg, task_of
-from test_distributed import free_port, spawn_ranks
+from helpers import free_port, make_cfg, start_ranks, task_of
+from test_distributed import spawn_ranks
 
 from gearshift.batch_finder import (
     GIB,
@@ -161,7 +160,7 @@ def _agree(rank: int, port: int, out: str) -> None:
 
 
 def test_ranks_agree_on_the_smallest_size(tmp_path):
-    mp.start_processes(_agree, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    start_ranks(_agree, 2, free_port(), str(tmp_path))
     assert [int((tmp_path / f"rank{r}").read_text()) for r in range(2)] == [48, 48]
 
 

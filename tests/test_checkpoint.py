@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import ROOT, make_cfg, run_train, seconds
+from helpers import ROOT, make_cfg, run_train, seconds, train_in_process
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift import evaluate, export
@@ -327,7 +327,7 @@ def test_resuming_with_other_settings_names_each_change(tmp_path, caplog):
 
 
 def test_resume_from_a_missing_file_is_one_line(tmp_path):
-    result = run_train("resume=/missing.pt", cwd=tmp_path)
+    result = train_in_process("resume=/missing.pt", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "error: resume='/missing.pt' is not allowed; no such checkpoint file; "
@@ -340,7 +340,7 @@ def test_resume_from_another_models_checkpoint_is_one_line(tmp_path):
     fit(make_cfg("model=mlp", "max_steps=1"), tmp_path / "mlp")
     path = latest_checkpoint(tmp_path / "mlp" / "checkpoints")
     run_dir = tmp_path / "cnn"
-    result = run_train(
+    result = train_in_process(
         "model=simple_cnn",
         f"resume={path}",
         "logger=none",
@@ -363,7 +363,9 @@ def test_a_checkpoint_folder_missing_a_shard_is_one_line_for_train_evaluate_and_
     (path / "__0_0.distcp").unlink()  # a copy that lost a file
     expected = f"error: resume='{path}': shard file __0_0.distcp is missing; the checkpoint is incomplete"  # fmt: skip
     run_dir = tmp_path / "resumed"
-    result = run_train("model=mlp", f"resume={path}", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    result = train_in_process(
+        "model=mlp", f"resume={path}", f"hydra.run.dir={run_dir}", cwd=tmp_path
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1:] == [expected]
     assert "Traceback" not in result.stderr and not run_dir.exists()

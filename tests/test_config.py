@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from helpers import CONF, make_cfg, run_train
+from helpers import CONF, make_cfg, run_train, train_in_process
 
 from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
@@ -197,7 +197,7 @@ def test_bad_input_is_one_line_nonzero_exit_and_no_run_folder(tmp_path, override
 
 
 def test_a_bad_value_inside_a_sweep_stops_the_sweep_before_it_starts(tmp_path):
-    result = run_train("-m", "amp=off,onn", "max_steps=1", cwd=tmp_path, timeout=120)
+    result = train_in_process("-m", "amp=off,onn", "max_steps=1", cwd=tmp_path)
     assert result.returncode == 2
     assert (
         result.stderr.strip()
@@ -256,7 +256,7 @@ def test_an_unknown_key_names_its_node_the_closest_keys_and_how_to_add_one(
 
 def test_an_unknown_key_is_one_line_from_train_py(tmp_path):
     # the command: train.py's own path, Hydra's multi-line error turned into a line
-    result = run_train("model.delay=0.3", cwd=tmp_path, timeout=120)
+    result = train_in_process("model.delay=0.3", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: model.delay=0.3 is not allowed; the model node has no key 'delay'; its keys: "

@@ -25,6 +25,7 @@ from helpers import (
     only_summary,
     run_train,
     seconds,
+    train_in_process,
 )
 from PIL import Image
 from torch import nn
@@ -534,7 +535,7 @@ def test_bad_data_stops_before_training_with_one_line(tmp_path, kind):
 def test_bad_data_is_one_line_exit_2_and_no_run_folder(tmp_path, kind):
     expected = _make_bad_folder(kind, tmp_path)
     (tmp_path / "work").mkdir()
-    result = run_train(*_bad_data_args(kind, tmp_path), cwd=tmp_path / "work")
+    result = train_in_process(*_bad_data_args(kind, tmp_path), cwd=tmp_path / "work")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(expected), result.stderr

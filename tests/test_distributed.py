@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,9 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from distributed_workers import count_allreduces, train_recorded, train_sharded
-from helpers import CONF, ROOT, check_amp_on_resolved, make_cfg, only_summary, run_train, seconds
+from helpers import (
+    CONF,
+    ROOT,
+    check_amp_on_resolved,
+    free_port,
+    make_cfg,
+    only_summary,
+    run_train,
+    seconds,
+    start_ranks,
+)
 
 import gearshift.trainer
 from gearshift.app import preflight
@@ -32,19 +40,8 @@ TINY_CLI = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn_ranks(tmp_path: Path, overrides: list[str], worker=count_allreduces) -> list[dict]:
-    mp.start_processes(
-        worker,
-        args=(2, free_port(), str(tmp_path), overrides),
-        nprocs=2,
-        start_method="spawn",
-    )
+    start_ranks(worker, 2, 2, free_port(), str(tmp_path), overrides)
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
@@ -344,15 +341,8 @@ def test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters(tmp
     # simple_cnn: slow enough per step that the kill lands mid-run, BatchNorm buffers included
     train = ["model=simple_cnn", *TINY_CLI, "data.image_size=16", "max_steps=60"]
     train += ["checkpoint.every_n_steps=5", "resume=auto"]
-    whole = tmp_path / "whole"
-    whole.mkdir()
-    done = subprocess.run(
-        [*torchrun("--standalone", "--nproc_per_node=2"), *train],
-        cwd=whole,
-        capture_output=True,
-        timeout=seconds(300),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    whole = tmp_path / "whole"  # the uninterrupted run, its 2 ranks forked from this process
+    spawn_ranks(whole, train, worker=train_recorded)
 
     killed = tmp_path / "killed"
     killed.mkdir()
@@ -373,7 +363,7 @@ def test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters(tmp
 
     [final_dir] = killed.glob("runs/*/checkpoints")
     final = load_checkpoint(latest_checkpoint(final_dir))
-    reference = load_checkpoint(latest_checkpoint(next(whole.glob("runs/*/checkpoints"))))
+    reference = load_checkpoint(latest_checkpoint(whole / "rank0" / "checkpoints"))
     assert final["position"] == reference["position"]
     for name, tensor in reference["model"].items():
         assert torch.equal(final["model"][name], tensor), name
@@ -386,6 +376,7 @@ def test_a_failed_rank_ends_the_job_instead_of_hanging(tmp_path):
             "model=mlp",
             *TINY_CLI,
             "max_steps=100000",
+            "checkpoint.every_n_steps=2",  # a checkpoint: the ranks are in the training loop
         ],
         cwd=tmp_path,
         stdout=subprocess.DEVNULL,
@@ -395,7 +386,9 @@ def test_a_failed_rank_ends_the_job_instead_of_hanging(tmp_path):
     while len(worker_pids(agent)) < 2 or not list(tmp_path.glob("runs/*")):
         assert agent.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    time.sleep(seconds(3))  # let them reach the training loop
+    while not list(tmp_path.glob("runs/*/checkpoints/step_*")):  # they are in the loop
+        assert agent.poll() is None and time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
     os.kill(worker_pids(agent)[1], signal.SIGKILL)
     assert agent.wait(timeout=seconds(120)) != 0  # the agent tears it down well inside that
 

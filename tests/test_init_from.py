@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from helpers import CONF, make_cfg, run_train
+from helpers import CONF, make_cfg, train_in_process
 from hydra import compose, initialize_config_dir
 from test_make_it_yours import COMMAND, TINY, work  # noqa: F401 (a fixture)
 
@@ -91,7 +91,7 @@ def test_weights_of_another_shape_are_one_line_or_loaded_in_part(tmp_path):
 
 def test_a_file_that_is_no_checkpoint_is_one_line_exit_2_and_no_run_folder(tmp_path):
     (tmp_path / "notes.txt").write_text("not weights")
-    done = run_train("logger=none", "model=mlp", "data.image_size=8", "max_steps=1",
+    done = train_in_process("logger=none", "model=mlp", "data.image_size=8", "max_steps=1",
                      f"model.init_from={tmp_path / 'notes.txt'}", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()

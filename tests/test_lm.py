@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from helpers import CONF, make_cfg, run_train, task_of
+from helpers import CONF, make_cfg, task_of, train_in_process
 from omegaconf import OmegaConf
 from test_checkpoint import SignalAtStep
 from test_tokens import prepare_text
@@ -123,8 +123,8 @@ def test_a_max_tokens_that_is_not_a_positive_integer_is_one_line_exit_2(
 
 def test_max_tokens_on_a_task_without_tokens_is_one_line_exit_2_and_no_run_folder(tmp_path):
     # an image task: its samples are not tokens (found as the run is built)
-    result = run_train("model=mlp", "max_tokens=1000", "logger=none", "progress_bar=false",
-                       "data.num_samples=64", "data.image_size=8", cwd=tmp_path, timeout=120)  # fmt: skip
+    result = train_in_process("model=mlp", "max_tokens=1000", "logger=none", "progress_bar=false",
+                       "data.num_samples=64", "data.image_size=8", cwd=tmp_path)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: max_tokens=1000 is not allowed; Classification's samples are not tokens "

@@ -20,7 +20,6 @@ from wandb_records import history
 
 from gearshift.app import _overrides_to_check
 from gearshift.config import ConfigError, check_config
-from gearshift.config import checks as config_checks
 from gearshift.observe import loggers
 from gearshift.trainer import fit
 
@@ -176,7 +175,7 @@ def test_tensorboard_not_installed_is_one_line_at_preflight(monkeypatch):
     def find_spec(name, *args):
         return None if name == "tensorboard" else real_find_spec(name, *args)
 
-    monkeypatch.setattr(config_checks.importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     check_config(make_cfg("logger=csv"))  # the others need nothing more
     with pytest.raises(ConfigError) as error:
         check_config(make_cfg("logger=[wandb,tensorboard]"))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import ROOT, only_summary, seconds
+from helpers import ROOT, free_port, only_summary, seconds
 from test_datasets import write_images
 
 from gearshift.data.staging import staged_path
@@ -63,12 +62,6 @@ class Node:
     def copies(self) -> list[str]:
         copies = self.folder / "copies.log"
         return copies.read_text().splitlines() if copies.exists() else []
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_node(name: str, work: Path, images: Path, port: int, env: dict[str, str]) -> Node:

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 from distributed_workers import train_recorded
-from helpers import make_cfg, run_train
+from helpers import free_port, make_cfg, run_train
 from omegaconf import OmegaConf
 from test_checkpoint import assert_same_parameters
-from test_distributed import GPT_CLIPPED, free_port, spawn_ranks
+from test_distributed import GPT_CLIPPED, spawn_ranks
 
 from gearshift.build import build_parts
 from gearshift.config import ConfigError

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT, TINY, StepCounter, SyncCounter, make_cfg, seconds
+from helpers import ROOT, TINY, StepCounter, SyncCounter, make_cfg, seconds, train_in_process
 
 from gearshift.config import ConfigError
 from gearshift.engine.failures import TrainingFailed
@@ -75,8 +75,9 @@ def test_skip_skips_the_nan_steps_update_and_trains_on(tmp_path):
 
 
 def test_out_of_memory_ends_the_run_with_one_line_naming_batch_size_and_gears(tmp_path):
-    done = run_train_py(
-        "model=mlp", "task._target_=injected.OutOfMemoryAt", "+task.at_step=3",
+    # in this process: the test above runs this exit path (a failed run's line, exit 1) as one
+    done = train_in_process(
+        *TINY, "model=mlp", "task._target_=injected.OutOfMemoryAt", "+task.at_step=3",
         "max_steps=6", "hydra.run.dir=run", cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]

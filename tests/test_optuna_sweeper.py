@@ -15,7 +15,7 @@ import time
 import optuna
 import pytest
 import yaml
-from helpers import ROOT, holding_process, seconds
+from helpers import ROOT, holding_process, seconds, train_in_process
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.storages import JournalStorage
@@ -369,7 +369,21 @@ def test_importances_over_equal_scores_say_no_parameter_changed_the_objective(tm
 )
 def test_bad_sweeper_settings_end_with_one_line_and_no_sweep_folder(tmp_path, override, message):
     (tmp_path / "afile").write_text("")
-    done = sweep(tmp_path, "hydra.sweep.dir=search", override, timeout=120)
+    done = train_in_process(
+        "-m", *TINY, "hydra.sweep.dir=search", override, cwd=tmp_path, env=env(tmp_path)
+    )
+    check_one_line_and_no_sweep_folder(done, message, tmp_path)
+
+
+def test_a_bad_sweeper_setting_ends_the_sweep_process_with_one_line_and_exit_2(tmp_path):
+    """The process of the case above that the sweeper itself finds, composing a trial."""
+    searched = "+hydra.sweeper.params.batch_sizee='choice(32,64)'"  # quoted: past the preflight
+    done = sweep(tmp_path, "hydra.sweep.dir=search", searched)
+    message = "hydra.sweeper.params.batch_sizee is not allowed; no trial could set batch_sizee=32"
+    check_one_line_and_no_sweep_folder(done, message, tmp_path)
+
+
+def check_one_line_and_no_sweep_folder(done, message: str, tmp_path) -> None:
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines

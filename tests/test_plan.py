@@ -10,7 +10,7 @@ from functools import cache
 
 import pytest
 import torch
-from helpers import CONF, make_cfg, run_train, seconds
+from helpers import CONF, load_script, make_cfg, run_train, seconds, train_in_process
 from test_config import preflight_error_lines
 
 from gearshift.app import preflight
@@ -211,7 +211,7 @@ def test_train_py_plan_on_prints_the_split_and_exits_0_with_no_run_folder(tmp_pa
 
 
 def test_train_py_plan_on_with_a_device_out_of_the_table_is_one_error_line_exit_2(tmp_path):
-    result = run_train("plan=on", "plan.device=b200", "logger=none", cwd=tmp_path, timeout=120)
+    result = train_in_process("plan=on", "plan.device=b200", "logger=none", cwd=tmp_path)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
@@ -240,7 +240,7 @@ def test_gpt2_124m_at_16_x_1024_on_h100_and_on_8_ranks_under_fsdp(tmp_path, monk
     assert took < seconds(60)
 
 
-def test_plan_check_puts_the_plan_beside_the_measured_peak_and_step_time(tmp_path):
+def test_plan_check_puts_the_plan_beside_the_measured_peak_and_step_time(tmp_path, capsys):
     cfg = make_cfg("model=mlp", "device=cpu", "max_steps=3", "plan.check=true", "epochs=1")
     summary = fit(cfg, tmp_path).summary
     check = summary["plan"]
@@ -252,6 +252,17 @@ def test_plan_check_puts_the_plan_beside_the_measured_peak_and_step_time(tmp_pat
     assert json.loads((tmp_path / "summary.json").read_text())["plan"] == check
     off = fit(make_cfg("model=mlp", "device=cpu", "max_steps=1"), tmp_path / "off").summary
     assert off["plan"] is None
+    # scripts/gpu_check.sh's tables over these runs, one that left nothing among them
+    tables = load_script("gpu_summaries")
+    capsys.readouterr()
+    tables.plan_table(tmp_path, tmp_path / "lost")
+    tables.images_table(tmp_path, tmp_path, tmp_path / "off")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{tmp_path.name:<10} peak planned ")
+    assert lines[0].endswith(f"ratio {check['peak_ratio']:.3f} ok")
+    assert f"ratio {check['step_time_ratio']:.3f}" in lines[1]
+    assert lines[2] == "lost       failed (no summary.json)"
+    assert lines[3].endswith("1.00x synthetic") and lines[4].startswith("off ")
 
 
 @pytest.mark.slow  # 12 s: real steps up to 512 samples

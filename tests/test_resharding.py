@@ -5,19 +5,17 @@ each trained once."""
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from distributed_workers import (
     count_allreduces,
     restored_state,
     train_recording_samples,
     train_sharded,
 )
-from helpers import make_cfg, recording_epoch_samples
+from helpers import free_port, make_cfg, recording_epoch_samples, start_ranks
 
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
@@ -27,16 +25,8 @@ COMMON = ["model=mlp", "optimizer=adamw", "optimizer.schedule=constant", "batch_
 COMMON += ["data.num_val_samples=0"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def spawn(worker, ranks: int, out: Path, overrides: list[str]) -> list[dict]:
-    mp.start_processes(
-        worker, args=(ranks, free_port(), str(out), overrides), nprocs=ranks, start_method="spawn"
-    )  # fmt: skip
+    start_ranks(worker, ranks, ranks, free_port(), str(out), overrides)
     return [torch.load(p, weights_only=False) for p in sorted(out.glob("rank*.pt"))]
 
 

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from helpers import ROOT, holding_process, seconds
+from helpers import ROOT, holding_process, seconds, train_in_process
 
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import latest_checkpoint
@@ -40,10 +40,8 @@ def test_holder_writes_nothing_in_a_folder_without_a_lock(tmp_path):
     run_lock.wait_until_free(tmp_path / "absent")  # nothing to wait for
 
 
-def train(run_dir, *overrides: str, background: bool = False):
-    command = [
-        sys.executable,
-        str(ROOT / "train.py"),
+def arguments(run_dir, *overrides: str) -> list[str]:
+    return [
         f"hydra.run.dir={run_dir}",
         "logger=none",
         "model=mlp",
@@ -52,17 +50,27 @@ def train(run_dir, *overrides: str, background: bool = False):
         "checkpoint.every_n_steps=20",
         *overrides,
     ]
-    env = {**os.environ, "WANDB_MODE": "offline"}
-    if background:
-        return subprocess.Popen(command, cwd=run_dir.parent, env=env, stdout=subprocess.DEVNULL)
-    return subprocess.run(
-        command, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=seconds(300)
+
+
+def train_in_background(run_dir, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *arguments(run_dir, *overrides)],
+        cwd=run_dir.parent,
+        env={**os.environ, "WANDB_MODE": "offline"},
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def train(run_dir, *overrides: str) -> subprocess.CompletedProcess:
+    """In this process: the first run's process holds the lock, and this one meets it."""
+    return train_in_process(
+        *arguments(run_dir, *overrides), cwd=run_dir.parent, env={"WANDB_MODE": "offline"}
     )
 
 
 def test_two_runs_in_one_folder_the_second_ends_with_one_line_and_a_killed_run_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    first = train(run_dir, "max_steps=1000000", background=True)
+    first = train_in_background(run_dir, "max_steps=1000000")
     try:
         deadline = time.monotonic() + seconds(300)
         while not list(run_dir.glob("checkpoints/step_*")):  # it is training

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import load_script, make_cfg, run_train, seconds
+from helpers import load_script, make_cfg, seconds, train_in_process
 from omegaconf import OmegaConf
 from rich.console import Console
 from test_checkpoint import assert_same_parameters, stop_and_resume
@@ -297,7 +297,7 @@ def test_bad_token_files_are_one_line_exit_2_and_no_run_folder(tmp_path, kind):
         "data.block_size=16",
         *overrides,
     ]
-    result = run_train(*args, "logger=none", cwd=tmp_path / "work", timeout=120)
+    result = train_in_process(*args, "logger=none", cwd=tmp_path / "work")
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {expected}"), result.stderr

@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
-from gearshift.config.checks import locate
+from gearshift.config.rules import locate
 from gearshift.config.unknown_keys import describe_unknown_key
 from gearshift.engine.failures import TrainingFailed
 from gearshift.state import run_lock

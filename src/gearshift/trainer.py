@@ -24,7 +24,7 @@ from torch import nn
 
 from gearshift.build import build_run
 from gearshift.config import DataError
-from gearshift.config.checks import locate
+from gearshift.config.rules import locate
 from gearshift.engine.accumulation import Window
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers, clip_grad_norm
@@ -65,7 +65,7 @@ def fit(cfg: DictConfig, run_dir: Path, run_name: str | None = None) -> RunResul
     device = resolve_device(cfg.device, ranks.local_rank)
     if not ranks.is_zero:  # rank 0 speaks for the job
         logging.getLogger("gearshift").setLevel(logging.WARNING)
-    trainer_class = locate("trainer", cfg.trainer)  # a Trainer subclass: config/checks.py
+    trainer_class = locate("trainer", cfg.trainer)  # a Trainer subclass: config/schema.py
     if strategy in ("ddp", "fsdp"):
         init_process_group(ranks, device, cfg.distributed)
         run_dir = Path(rank_zero_value(str(run_dir)))  # one run folder, rank 0's, for every rank

@@ -4,6 +4,7 @@ from gearshift.config import (
     schema,  # noqa: F401  (registers the schema with the ConfigStore)
     token_files,  # noqa: F401  (data=tokens: its resolver and check)
 )
-from gearshift.config.checks import ConfigError, DataError, check_config
+from gearshift.config.checks import check_config
+from gearshift.config.rules import ConfigError, DataError
 
 __all__ = ["ConfigError", "DataError", "check_config"]

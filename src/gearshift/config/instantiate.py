@@ -14,7 +14,7 @@ from typing import Any
 import hydra
 from hydra.errors import InstantiationException
 
-from gearshift.config.checks import ConfigError, locate
+from gearshift.config.rules import ConfigError, locate
 
 
 def accepts(fn: Any, name: str, by_name: bool = False) -> bool:

@@ -2,19 +2,27 @@
 
 The dataclasses are registered with Hydra's ConfigStore as `gearshift_schema`, the first
 entry of conf/config.yaml's defaults, so a wrong type fails while Hydra composes the
-config; `checks.py` then checks what types alone cannot express. A key with a fixed set of
-values has it defined here, beside its field, and `checks.py` reads it from here.
+config. What types alone cannot express sits beside the fields too: each dataclass's
+`check_node` takes its node of the composed config (a DictConfig, not converted to the
+dataclass: values such as `auto` and interpolations stay as they are) and raises
+ConfigError for the first value that is not allowed; a key with a fixed set of values has
+it defined here, beside its field. checks.py runs these and the checks that span nodes.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from gearshift.config.rules import check_choice, check_int, check_switch, fail, locate
 
 AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
 
@@ -22,6 +30,10 @@ AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
 @dataclass
 class AmpConfig:
     dtype: str = "none"  # AMP_DTYPES; auto (amp=on): bf16 where it is fast, else fp16 or none
+
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        check_choice(node, "dtype", AMP_DTYPES, "amp.")
 
 
 @dataclass
@@ -42,6 +54,16 @@ class DataLoaderConfig:
     drop_last: bool = False  # drop each epoch's short last batch
     prefetch_to_device: bool = False  # CUDA: copy the next batch on a side stream (prefetch.py)
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        workers = node.num_workers
+        if workers != "auto" and (
+            isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
+        ):
+            fail("dataloader.num_workers", workers, "expected an integer >= 0 or auto")
+        check_switch(node, "pin_memory", PIN_MEMORY, "dataloader.")
+        check_int(node, "prefetch_factor", 1, optional=True, prefix="dataloader.")
+
 
 COMPILE_ENABLED = (True, False, "auto")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -54,6 +76,11 @@ class CompileConfig:
     fullgraph: bool = False  # true: a graph break is an error
     dynamic: bool | None = None  # dynamic shapes; null: torch decides
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        check_choice(node, "mode", COMPILE_MODES, "compile.")
+        check_switch(node, "enabled", COMPILE_ENABLED, "compile.")
+
 
 @dataclass
 class DeviceTransformsConfig:
@@ -65,6 +92,13 @@ class DeviceTransformsConfig:
     hflip: bool = False  # random horizontal flip, half of the training samples
     crop_padding: int = 0  # > 0: random crop of the zero-padded training image
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        """The values; their count against data.channels spans nodes (checks.py)."""
+        if any(not s > 0 for s in node.std):
+            fail("device_transforms.std", list(node.std), "expected values > 0")
+        check_int(node, "crop_padding", 0, prefix="device_transforms.")
+
 
 @dataclass
 class BatchSizeFinderConfig:
@@ -75,9 +109,26 @@ class BatchSizeFinderConfig:
     margin: float = 0.1  # back off this share from the largest size that fit
     max_batch_size: int = 4096  # the largest size it returns
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        at = "batch_size_finder."
+        if node.max_memory_gib is not None and not node.max_memory_gib > 0:
+            fail(at + "max_memory_gib", node.max_memory_gib, "expected a number > 0")
+        if not 0 < node.memory_fraction <= 1:
+            fail(at + "memory_fraction", node.memory_fraction, "expected 0 < x <= 1")
+        if not 0 <= node.margin < 1:
+            fail(at + "margin", node.margin, "expected 0 <= x < 1")
+        check_int(node, "max_batch_size", 8, prefix=at)
+
 
 OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("constant", "cosine")
+# What one's own optimizer class and schedule must be (engine/optim.py builds them).
+OPTIMIZER_CLASS = "expected an importable torch.optim.Optimizer subclass (module.Name)"
+SCHEDULE_FUNCTION = (
+    f"choose one of: {', '.join(SCHEDULES)}, or name a function factor(step, total_steps) "
+    "-> float (module.name)"
+)
 
 
 @dataclass
@@ -103,6 +154,51 @@ class OptimizerConfig:
     muon_lr: float = 0.02  # optimizer=muon: Muon's lr on the hidden matrices (lr: AdamW's)
     muon_momentum: float = 0.95  # optimizer=muon: Muon's momentum
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        at = "optimizer."
+        check_choice(node, "name", OPTIMIZERS, at)
+        if node.schedule not in SCHEDULES:  # one's own: factor(step, total_steps)
+            if "." not in str(node.schedule):
+                fail(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
+            locate(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
+        if node.get("_target_"):  # one's own optimizer class
+            check_optimizer_class(node._target_)
+        if not node.lr > 0:
+            fail(at + "lr", node.lr, "expected a number > 0")
+        if math.isinf(node.lr):
+            fail(at + "lr", node.lr, "expected a finite number > 0")
+        if not node.weight_decay >= 0:  # NaN too
+            fail(at + "weight_decay", node.weight_decay, "expected a number >= 0")
+        if not node.momentum >= 0:
+            fail(at + "momentum", node.momentum, "expected a number >= 0")
+        if node.nesterov and not node.momentum > 0:
+            fail(at + "nesterov", True, "it needs optimizer.momentum > 0")
+        betas = list(node.betas)
+        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+            fail(at + "betas", betas, "expected two numbers >= 0 and < 1")
+        check_int(node, "lr_warmup_steps", 0, prefix=at)
+        clip = node.clip_grad_norm
+        if clip is not None and not clip > 0:
+            fail(at + "clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
+        for key in ("muon_lr", "muon_momentum"):
+            value = node.get(key)
+            if value is not None and not (0 < value < math.inf if key == "muon_lr" else 0 <= value < 1):  # fmt: skip
+                fail(at + key, value, "expected a number > 0" if key == "muon_lr" else "expected 0 <= x < 1")  # fmt: skip
+        if node.fused and node.foreach:
+            fail(at + "foreach", True, "it cannot be true together with optimizer.fused=true")
+
+
+def check_optimizer_class(target: Any) -> None:
+    """`optimizer._target_` names a torch.optim.Optimizer subclass, checked by the names of
+    its bases (the config layer does not import torch)."""
+    found = locate("optimizer._target_", target, OPTIMIZER_CLASS)
+    if not isinstance(found, type):
+        fail("optimizer._target_", target, OPTIMIZER_CLASS)
+    bases = {f"{c.__module__}.{c.__qualname__}" for c in found.__mro__}
+    if "torch.optim.optimizer.Optimizer" not in bases:
+        fail("optimizer._target_", target, OPTIMIZER_CLASS)
+
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 
@@ -121,6 +217,17 @@ class LoggerConfig:
     group: str | None = None  # the W&B group; null: a sweep's folder name
     tags: list[str] = field(default_factory=list)  # W&B tags
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        check_choice(node, "mode", LOGGER_MODES, "logger.")
+        if node.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            fail(
+                "logger",
+                "tensorboard",
+                "the tensorboard package is not installed: pip install tensorboard "
+                "(or gearshift's extra: pip install -e '.[tensorboard]')",
+            )
+
 
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -138,6 +245,15 @@ class DistributedConfig:
     gradient_as_bucket_view: bool = False  # DDP: gradients as views into the buckets
     static_graph: bool = False  # DDP: the graph is the same every step
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        """The values; whether the strategy fits the launch and device spans nodes."""
+        check_choice(node, "strategy", STRATEGIES, "distributed.")
+        check_choice(node, "backend", BACKENDS, "distributed.")
+        for key in ("nproc_per_node", "timeout_s", "bucket_cap_mb"):
+            check_int(node, key, 1, prefix="distributed.")
+        check_int(node, "max_restarts", 0, prefix="distributed.")
+
 
 @dataclass
 class CheckpointConfig:
@@ -145,6 +261,11 @@ class CheckpointConfig:
     at_end: bool = True  # a checkpoint at the run's end
     keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
     async_save: bool = False  # write in the background; the loop waits only for the copy
+
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        check_int(node, "every_n_steps", 1, optional=True, prefix="checkpoint.")
+        check_int(node, "keep", 1, prefix="checkpoint.")
 
 
 @dataclass
@@ -155,6 +276,14 @@ class EmaConfig:
     every_n_steps: int = 1  # fold the weights in every N optimizer steps
     start_step: int = 0  # before this step the average follows the weights
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        decay = node.decay
+        if decay is not None and not 0 < decay < 1:
+            fail("ema.decay", decay, "expected a number > 0 and < 1 (or null to turn it off)")
+        check_int(node, "every_n_steps", 1, prefix="ema.")
+        check_int(node, "start_step", 0, prefix="ema.")
+
 
 @dataclass
 class EarlyStopConfig:
@@ -162,6 +291,12 @@ class EarlyStopConfig:
 
     patience: int | None = None  # validations without an improvement; null: off
     min_delta: float = 0.0  # an improvement beats the best by more than this
+
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        check_int(node, "patience", 1, optional=True, prefix="early_stop.")
+        if not node.min_delta >= 0:  # NaN too
+            fail("early_stop.min_delta", node.min_delta, "expected a number >= 0")
 
 
 @dataclass
@@ -177,6 +312,11 @@ class ProfileConfig:
     with_stack: bool = False  # Python stacks in the trace
     profile_memory: bool = False  # tensor memory in the trace
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
+
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        for key, minimum in (("wait", 0), ("warmup", 0), ("active", 1)):
+            check_int(node, key, minimum, prefix="profile.")
 
 
 # plan.device: the run's own device (auto), the CPU, or a GPU of observe/mfu.py's table
@@ -198,12 +338,29 @@ class PlanConfig:
     headroom: float = 0.1  # the share of the device's memory left free by the largest batch
     check: bool = False  # the plan beside the measured peak and step time in summary.json
 
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        """A device of the table, whole ranks, a headroom that leaves some memory."""
+        check_choice(node, "device", PLAN_DEVICES, "plan.")
+        check_int(node, "world_size", 1, optional=True, prefix="plan.")
+        headroom = node.headroom
+        if (
+            isinstance(headroom, bool)
+            or not isinstance(headroom, int | float)
+            or not 0 <= headroom < 1
+        ):
+            fail("plan.headroom", headroom, "expected a share of the memory, 0 <= headroom < 1")
+
 
 @dataclass
 class SweepConfig:
     """Settings of the sweep presets (conf/sweep/): `sweep=ablation` reads them."""
 
     rounds: int = 5  # the ablation's rounds: each runs every configuration once (seed=round)
+
+    @staticmethod
+    def check_node(node: DictConfig) -> None:
+        check_int(node, "rounds", 1, prefix="sweep.")  # range(0, 0) sweeps nothing
 
 
 @dataclass
@@ -273,6 +430,90 @@ class Config:
     trial: TrialConfig = field(default_factory=TrialConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     plan: PlanConfig = MISSING
+
+    @staticmethod
+    def check_node(cfg: DictConfig) -> None:
+        """The keys at the config's top; `device` is checked last (check_device)."""
+        check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
+        check_switch(cfg, "deterministic", DETERMINISTIC)
+        for key in ("accum", "epochs", "log_every_n_steps"):
+            check_int(cfg, key, 1)
+        value = cfg.batch_size
+        if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            fail("batch_size", value, "expected an integer >= 1 or auto")
+        check_int(cfg, "warmup_steps", 0)
+        check_int(cfg, "max_steps", 1, optional=True)
+        _check_max_tokens(cfg.get("max_tokens"))
+        check_int(cfg, "val_every_n_steps", 1, optional=True)
+        if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
+            fail(
+                "resume",
+                cfg.resume,
+                "no such checkpoint file; give a checkpoint's path, auto or null",
+            )
+        _check_init_from(cfg.model)
+        check_choice(cfg, "on_nonfinite", ON_NONFINITE)
+
+    @staticmethod
+    def check_parts(cfg: DictConfig, uses: frozenset[str]) -> None:
+        """The model, task and trainer of `uses` import; `trainer` names a subclass of
+        Trainer, told by the names of its bases: the config layer sits below the trainer's
+        and does not import it."""
+        for key, what in (("model", "model class or function"), ("task", "task class")):
+            target = OmegaConf.select(cfg, f"{key}._target_")
+            if key in uses and not target:
+                fail(f"{key}._target_", target, f"name the {what} to build")
+            if key in uses:
+                locate(f"{key}._target_", target)
+        if "trainer" in uses:
+            if not cfg.trainer:
+                fail("trainer", cfg.trainer, "name the Trainer class to build")
+            found = locate("trainer", cfg.trainer)
+            bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
+            if not isinstance(found, type) or TRAINER not in bases:
+                fail("trainer", cfg.trainer, f"it must name a subclass of {TRAINER} (module.Name)")
+
+    @staticmethod
+    def check_device(device: str) -> None:
+        """`device` names one this machine has."""
+        import torch
+
+        if device in ("auto", "cpu"):
+            return
+        if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+            if not torch.cuda.is_available():
+                fail("device", device, "this machine has no CUDA device; choose auto or cpu")
+            index = int(device[5:]) if ":" in device else 0
+            if index >= torch.cuda.device_count():
+                fail(
+                    "device", device, f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+                )
+            return
+        fail("device", device, "choose one of: " + ", ".join(DEVICES))
+
+
+def _check_max_tokens(value: Any) -> None:
+    """max_tokens: an integer >= 1, also written as a whole float (1e9), or null."""
+    if value is None:
+        return
+    whole = isinstance(value, float) and value.is_integer()
+    if isinstance(value, bool) or not (isinstance(value, int) or whole) or value < 1:
+        fail("max_tokens", value, "expected an integer >= 1, e.g. 5000000 or 5e6 (or null)")
+
+
+def _check_init_from(model: DictConfig) -> None:
+    """model.init_from names a file or a folder (what it holds: state/init_from.py)."""
+    init_from, strict = model.get("init_from"), model.get("init_strict", True)
+    if not isinstance(strict, bool):
+        fail("model.init_strict", strict, "choose true or false")
+    if init_from is None:
+        return
+    if not isinstance(init_from, str) or not Path(init_from).expanduser().exists():
+        fail(
+            "model.init_from", init_from,
+            "no such file or folder; give a checkpoint, a state dict or a Hugging Face "
+            "GPT-2 folder (or null)",
+        )  # fmt: skip
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

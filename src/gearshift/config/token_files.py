@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from gearshift.config.checks import SOURCE_CHECKS, ConfigError
+from gearshift.config.data_checks import SOURCE_CHECKS
+from gearshift.config.rules import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from torchvision.transforms.v2 import functional as F
 
 from gearshift.config import DataError
 
@@ -104,6 +103,8 @@ def centre_square(image: torch.Tensor, size: int) -> torch.Tensor:
     if side != height or side != width:
         image = image[..., (height - side) // 2 :, (width - side) // 2 :][..., :side, :side]
     if side != size:
+        from torchvision.transforms.v2 import functional as F  # lazily: see gpu_decode.py
+
         image = F.resize(image, [size, size], antialias=True)  # uint8 in, uint8 out
     return image.contiguous()
 

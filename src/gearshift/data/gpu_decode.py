@@ -16,8 +16,8 @@ starts, named. A file with a JPEG header but damaged data fails its batch's deco
 batch is then decoded image by image to name the file (`DamagedJpeg`).
 
 Every function here is device-agnostic (decode_jpeg decodes on the CPU too), so the tests
-check them on a CPU; config/checks.py refuses `data.decode=gpu` for a run on the CPU, where
-it would only move the decoding from the workers into the training loop.
+check them on a CPU; config/data_checks.py refuses `data.decode=gpu` for a run on the CPU,
+where it would only move the decoding from the workers into the training loop.
 
 torchvision deprecates its image decoders from 0.29 in favour of TorchCodec; decode_jpeg
 still works there, and `decode_batch` is the one place that calls it.
@@ -37,12 +37,10 @@ from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from gearshift.data.decode import UnreadableImage, centre_square
 
 JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker, then the first segment's marker
-READ_MODES = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}  # data.channels -> decode mode
 
 
 class DamagedJpeg(UnreadableImage):
@@ -159,7 +157,12 @@ def decode_batch(batch: JpegBatch, channels: int, device: torch.device) -> list[
 
     A batch that fails is decoded image by image to name the damaged file.
     """
-    encoded, mode = batch.images(), READ_MODES[channels]
+    # torchvision here, not at the top: importing it (and the torch._dynamo it imports) costs a
+    # run that never decodes a JPEG about as much again as importing torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    encoded = batch.images()
+    mode = ImageReadMode.RGB if channels == 3 else ImageReadMode.GRAY
     # No warnings.catch_warnings around torchvision's deprecation notice: it runs in the
     # decoding thread and is not thread-safe. A DeprecationWarning is hidden by default.
     try:

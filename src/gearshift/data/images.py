@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
-from torchvision.transforms import v2
 
 from gearshift.config import ConfigError
 from gearshift.data.decode import centre_square, choose_decoder
@@ -51,7 +50,7 @@ def _bad_path(path: Path | str, reason: str) -> ConfigError:
 # ---------------------------------------------------------------- transforms
 
 
-def host_transform(data: SimpleNamespace, train: bool) -> v2.Compose | None:
+def host_transform(data: SimpleNamespace, train: bool) -> Callable | None:
     """What the host does to a uint8 CHW image of `data.image_size` squared, per sample.
 
     `data.batch_dtype=uint8`: nothing (None); the batch goes to the device as it is and
@@ -61,6 +60,8 @@ def host_transform(data: SimpleNamespace, train: bool) -> v2.Compose | None:
     """
     if data.batch_dtype == "uint8":
         return None
+    from torchvision.transforms import v2  # lazily: see gpu_decode.py
+
     size, steps = data.image_size, []
     if data.augment and train:
         steps += [v2.RandomCrop(size, padding=crop_padding(size)), v2.RandomHorizontalFlip()]

@@ -28,8 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import Dataset, IterableDataset
 
 from gearshift.config import ConfigError
-from gearshift.config.checks import locate
 from gearshift.config.instantiate import accepts, instantiate
+from gearshift.config.rules import locate
 from gearshift.data.staging import stage
 from gearshift.data.streams import stream_length
 

@@ -16,8 +16,8 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from gearshift.config import ConfigError
-from gearshift.config.checks import OPTIMIZER_CLASS, SCHEDULE_FUNCTION, locate
-from gearshift.config.schema import SCHEDULES, OptimizerConfig
+from gearshift.config.rules import locate
+from gearshift.config.schema import OPTIMIZER_CLASS, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
 
 
 def build_optimizers(

@@ -26,7 +26,6 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from gearshift.config import ConfigError
 from gearshift.config.schema import PLAN_DEVICES
@@ -163,6 +162,10 @@ def trace(
 ) -> Trace:  # fmt: skip
     """Two optimizer steps under fake tensors: the peak by category; `timed`: the second's
     operators for the roofline."""
+    # here, not at the top: it imports torch._inductor and torch._dynamo, which cost every run
+    # (batch_finder imports this module) about as much again as importing torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
     device = target.trace_device
     memory_format = torch.channels_last if cfg.memory_format.channels_last else None
     with FakeTensorMode(), device:

@@ -12,7 +12,7 @@ from typing import Protocol
 
 from omegaconf import DictConfig
 
-from gearshift.config.checks import locate
+from gearshift.config.rules import locate
 from gearshift.parallel.distributed import Ranks, rank_zero_value
 
 
