@@ -69,7 +69,7 @@ from rich.table import Table
 
 from gearshift.data.loading import build_data, to_device
 from gearshift.data.text import CharTokenizer, write_token_folder
-from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything
 from gearshift.models.factory import build_model
@@ -115,8 +115,7 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
     pool = [to_device(b, device, False, layout) for b in islice(train, POOL)]  # no pipeline
     task = build_task(cfg.task)
     model = build_model(cfg.model, device, layout)
-    optimizer = build_optimizer(model, cfg.optimizer)
-    schedule = build_schedule(optimizer, cfg.optimizer, cfg.max_steps)
+    optimizers = build_optimizers(model, cfg.optimizer, cfg.max_steps)
     step, samples, marks = 0, 0, []
     while step < cfg.max_steps:
         images, labels = pool[step % len(pool)]
@@ -125,10 +124,9 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
         loss.backward()
         if cfg.optimizer.clip_grad_norm is not None:  # the same gears: clipping too
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.clip_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=cfg.optimizer.set_to_none)
-        if schedule is not None:
-            schedule.step()
+        optimizers.step()
+        optimizers.zero_grad(set_to_none=cfg.optimizer.set_to_none)
+        optimizers.step_schedules()
         step += 1
         if step == cfg.warmup_steps:
             loss.item()  # wait for the device, then start the clock

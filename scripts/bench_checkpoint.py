@@ -34,9 +34,10 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.config.schema import CheckpointConfig
+from gearshift.engine.optim import Optimizers
 from gearshift.models.gpt import GPT
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpointer import Checkpointer, Layout, ModelState, OptimizerState
+from gearshift.state.checkpointer import Checkpointer, Layout, ModelState
 from gearshift.state.position import Position
 
 
@@ -84,7 +85,7 @@ def bench_checkpoint(repeats: int, steps: int = 3, n_layer: int = 8, n_embd: int
             checkpointer = Checkpointer(folder, Ranks(), {}, {}, cfg, Layout(1, "none", 2))
             checkpointer.register("position", position)
             checkpointer.register("model", ModelState(model))
-            checkpointer.register("optimizer", OptimizerState(model, optimizer, fsdp=False))
+            checkpointer.register("optimizer", Optimizers(model, [optimizer]))
             checkpointers[mode] = checkpointer
         for i in range(repeats + 1):  # the first round warms up, uncounted
             for mode in (False, True) if i % 2 else (True, False):

@@ -145,7 +145,7 @@ def restored_state(rank: int, world_size: int, port: int, out: str, overrides: l
     whole = StateDictOptions(full_state_dict=True, cpu_offload=True)
     options = whole if dist.is_initialized() else StateDictOptions()
     model = get_model_state_dict(run.model, options=options)
-    optimizer = get_optimizer_state_dict(run.model, run.optimizer, options=options)
+    optimizer = get_optimizer_state_dict(run.model, run.optimizers.optimizers, options=options)
     if rank == 0:
         torch.save(
             {

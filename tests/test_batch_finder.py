@@ -46,7 +46,8 @@ def test_cpu_choice_is_the_largest_multiple_of_8_within_a_faked_budget():
     held += sum(t.untyped_storage().nbytes() for t in probe.model.buffers())
     held += sum(
         t.untyped_storage().nbytes()
-        for state in probe.optimizer.state.values()
+        for optimizer in probe.optimizers.optimizers
+        for state in optimizer.state.values()
         for t in state.values()
         if torch.is_tensor(t)
     )

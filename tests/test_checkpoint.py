@@ -458,7 +458,8 @@ def test_an_older_single_file_checkpoint_still_resumes(tmp_path):
     whole = fit(make_cfg(*gears, "max_steps=4"), tmp_path / "whole")
     first = fit(make_cfg(*gears, "max_steps=2"), tmp_path / "first")
     state = load_checkpoint(latest_checkpoint(tmp_path / "first" / "checkpoints"))
-    state |= {"optimizer": first.optimizer.state_dict(), "rng": RngState().state_dict()}
+    (optimizer,) = first.optimizers.optimizers
+    state |= {"optimizer": optimizer.state_dict(), "rng": RngState().state_dict()}
     old = tmp_path / "old" / "step_000000002.pt"
     old.parent.mkdir()
     torch.save(state, old)

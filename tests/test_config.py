@@ -78,6 +78,26 @@ def test_command_line_beats_experiment():
             "expected >= 64",
         ),
         ("trainer=collections.OrderedDict", "trainer='collections.OrderedDict' is not allowed"),
+        (
+            "optimizer._target_=no.such.Lion",
+            "optimizer._target_='no.such.Lion' is not allowed; expected an importable "
+            "torch.optim.Optimizer subclass (module.Name)",
+        ),
+        (  # importable, but no optimizer
+            "optimizer._target_=collections.OrderedDict",
+            "optimizer._target_='collections.OrderedDict' is not allowed; expected an "
+            "importable torch.optim.Optimizer subclass (module.Name)",
+        ),
+        (
+            "optimizer.schedule=linear",
+            "optimizer.schedule='linear' is not allowed; choose one of: constant, cosine, or "
+            "name a function factor(step, total_steps) -> float (module.name)",
+        ),
+        (
+            "optimizer.schedule=no.such.factor",
+            "optimizer.schedule='no.such.factor' is not allowed; choose one of: constant, "
+            "cosine, or name a function",
+        ),
     ],
 )
 def test_check_config_names_key_value_and_what_is_allowed(override, message):
@@ -88,6 +108,10 @@ def test_check_config_names_key_value_and_what_is_allowed(override, message):
 def test_a_subclass_of_trainer_is_allowed():
     check_config(make_cfg("trainer=gearshift.trainer.Trainer"))
     check_config(make_cfg("experiment=lm", tiny=False))
+
+
+def test_an_optimizer_class_and_a_schedule_function_of_ones_own_are_allowed():
+    check_config(make_cfg("optimizer._target_=torch.optim.RMSprop", "optimizer.schedule=math.pow"))
 
 
 BAD_INPUT = [

@@ -14,6 +14,7 @@ from torch import nn
 
 from gearshift.data.loading import build_loader, loader_workers
 from gearshift.engine import precision
+from gearshift.engine.optim import Optimizers
 from gearshift.engine.precision import Precision, resolve_amp, resolve_amp_dtype
 from gearshift.trainer import fit
 
@@ -149,7 +150,7 @@ def test_the_probe_keeps_a_reps_fastest_and_stops_timing_an_op_that_is_conclusiv
 
 def test_fp16_grad_scaler_skips_a_step_with_inf_gradients_and_counts_it():
     model = nn.Linear(4, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizers = Optimizers(model, [torch.optim.SGD(model.parameters(), lr=0.1)])
     precision = Precision(torch.float16, torch.device("cpu"))
     before = model.weight.detach().clone()
 
@@ -158,14 +159,14 @@ def test_fp16_grad_scaler_skips_a_step_with_inf_gradients_and_counts_it():
     assert out.dtype == torch.float16
     precision.backward(out.float().sum() * float("inf"))
     scale = precision.grad_scale()
-    precision.step(optimizer)
+    precision.step(optimizers)
     assert torch.equal(model.weight, before)  # the step was skipped
     assert int(precision.skipped_steps) == 1 and precision.grad_scale() == scale / 2
 
-    optimizer.zero_grad()
+    optimizers.zero_grad()
     with precision.autocast():
         precision.backward(model(torch.randn(3, 4)).float().mean() * 1e-2)  # no fp16 overflow
-    precision.step(optimizer)
+    precision.step(optimizers)
     assert not torch.equal(model.weight, before)  # a finite step goes through
     assert int(precision.skipped_steps) == 1
 
@@ -317,7 +318,7 @@ def test_fused_optimizer_gear_builds_a_fused_optimizer(tmp_path):
     result = fit(
         make_cfg("model=mlp", "max_steps=2", "optimizer=adamw", "optimizer.fused=true"), tmp_path
     )
-    assert all(group["fused"] for group in result.optimizer.param_groups)
+    assert all(group["fused"] for group in result.optimizers.param_groups)
     assert result.summary["steps"] == 2
 
 

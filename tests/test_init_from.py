@@ -32,7 +32,9 @@ def assert_started_from(trainer: Trainer, weights: dict) -> None:
     assert ours.keys() == weights.keys()
     for name, tensor in weights.items():
         assert torch.equal(ours[name], tensor), name
-    assert trainer.optimizer.state_dict()["state"] == {}  # no moments, no step counts
+    assert all(
+        o.state_dict()["state"] == {} for o in trainer.optimizers.optimizers
+    )  # no moments, no step counts
     assert trainer.position.step == 0 and trainer.position.epoch == 0
 
 
@@ -44,7 +46,9 @@ def test_resnet18_starts_from_a_checkpoints_weights_with_a_fresh_optimizer(tmp_p
     cfg = make_cfg(*small, f"model.init_from={saved['path']}", "optimizer=adamw", "max_steps=3")
     trainer = Trainer(cfg, tmp_path / "second", None, Ranks(), "none", CPU)
     assert_started_from(trainer, saved["model"])
-    assert trainer.run.total_steps == 3 and isinstance(trainer.optimizer, torch.optim.AdamW)
+    assert trainer.run.total_steps == 3 and isinstance(
+        trainer.optimizers.optimizers[0], torch.optim.AdamW
+    )
     assert trainer.fit().summary["steps"] == 3  # trains on from there
 
 

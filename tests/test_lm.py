@@ -102,7 +102,7 @@ def test_a_resume_at_another_batch_size_trains_the_token_budget_and_ends_the_sch
         fit(bigram_cfg(*gears), run_dir)
     resumed = fit(bigram_cfg(*gears, "batch_size=32", "resume=auto"), run_dir)
     assert resumed.summary["steps"] == 11 and resumed.summary["tokens"] == 4096
-    assert resumed.optimizer.param_groups[0]["lr"] == 0.0
+    assert resumed.optimizers.param_groups[0]["lr"] == 0.0
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "abc"])

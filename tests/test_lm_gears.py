@@ -13,7 +13,7 @@ from torch import nn
 
 from gearshift.app import preflight
 from gearshift.data.tokens import entropy_rate, markov_chain
-from gearshift.engine.optim import build_optimizer
+from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.models.factory import build_model
@@ -199,7 +199,7 @@ def test_mfu_uses_the_analytical_count_for_the_gpt_and_the_counted_one_else():
 def test_weight_decay_on_matrices_only_leaves_biases_and_norms_undecayed():
     cfg = lm_cfg("optimizer=adamw", "optimizer.weight_decay_1d=false", "model.bias=true")
     model = build_model(cfg.model, CPU, torch.contiguous_format)
-    optimizer = build_optimizer(model, cfg.optimizer)
+    optimizer = build_optimizers(model, cfg.optimizer)
     decayed, undecayed = optimizer.param_groups
     assert (
         decayed["weight_decay"] == cfg.optimizer.weight_decay > 0 and undecayed["weight_decay"] == 0
@@ -218,7 +218,7 @@ def test_weight_decay_on_matrices_only_leaves_biases_and_norms_undecayed():
     shrink = 1 - cfg.optimizer.lr * cfg.optimizer.weight_decay
     assert torch.allclose(model.wte.weight, before[model.wte.weight] * shrink)
     # the default: one group, every parameter decayed (what the image models train with)
-    assert len(build_optimizer(model, make_cfg("optimizer=adamw").optimizer).param_groups) == 1
+    assert len(build_optimizers(model, make_cfg("optimizer=adamw").optimizer).param_groups) == 1
 
 
 def test_fused_adamw_trains_the_gpt_like_the_plain_one():
@@ -229,8 +229,8 @@ def test_fused_adamw_trains_the_gpt_like_the_plain_one():
         cfg.optimizer.fused = fused
         torch.manual_seed(0)
         model = build_model(cfg.model, CPU, torch.contiguous_format)
-        optimizer = build_optimizer(model, cfg.optimizer)
-        assert optimizer.defaults["fused"] is (True if fused else None)
+        optimizer = build_optimizers(model, cfg.optimizer)
+        assert optimizer.optimizers[0].defaults["fused"] is (True if fused else None)
         for _ in range(3):
             F.cross_entropy(model(idx).flatten(0, 1), targets.flatten()).backward()
             optimizer.step()

@@ -20,9 +20,21 @@ from unittest import mock
 
 import pytest
 import torch
-from helpers import ROOT, check_amp_on_resolved, only_summary, seconds, train_in_process
+from helpers import (
+    ROOT,
+    check_amp_on_resolved,
+    make_cfg,
+    only_summary,
+    seconds,
+    train_in_process,
+)
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.trainer import fit
 
 
 def readme_example() -> tuple[dict[str, str], list[str]]:
@@ -47,12 +59,16 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
 FILES, COMMAND = readme_example()
 
 
+def page_block(header: str) -> str:
+    """The text of the page's python block that opens with the line `header`, after it."""
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    return re.search(rf"^```python\n{re.escape(header)}\n(.*?)^```$", page, re.S | re.M)[1]
+
+
 def logged_terms_example() -> str:
     """The page's myproject/task.py with Denoise.loss replaced by the one of "A term logged
     beside the loss", as a reader makes the change."""
-    page = (ROOT / "docs" / "make-it-yours.md").read_text()
-    header = "# myproject/task.py: Denoise.loss, in place of the one above\n"
-    block = re.search(rf"^```python\n{re.escape(header)}(.*?)^```$", page, re.S | re.M)[1]
+    block = page_block("# myproject/task.py: Denoise.loss, in place of the one above")
     task = FILES["myproject/task.py"]
     old = re.search(r"^    def loss\(.*?\n(?=\n)", task, re.S | re.M)[0]  # up to its blank line
     return task.replace(old, block)
@@ -309,3 +325,78 @@ def test_a_term_logged_beside_the_loss_changes_the_task_file_alone(work, ranks):
     summary = only_summary(work)
     assert summary["world_size"] == ranks
     assert float(rows[4, "train/loss"]) == pytest.approx(summary["final_loss"])
+
+
+@pytest.fixture
+def own_package(tmp_path: Path, monkeypatch) -> Path:
+    """A folder of one's own on sys.path (train.py's PYTHONPATH=.), for an in-process run;
+    each test imports its myproject afresh."""
+    (tmp_path / "myproject").mkdir()
+    mine = lambda: [name for name in sys.modules if name.split(".")[0] == "myproject"]  # noqa: E731
+    for name in mine():
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    for name in mine():
+        del sys.modules[name]
+
+
+SMALL = ("model=mlp", "logger=none", "progress_bar=false", "data.num_val_samples=0")
+
+
+def test_an_optimizer_of_ones_own_steps_by_its_rule_and_saves_its_state_by_name(own_package):
+    code = page_block("# myproject/optim.py: an optimizer of one's own")
+    (own_package / "myproject" / "optim.py").write_text(code)
+    lr, steps, moved = 1e-3, [], []
+
+    def before(optimizer, args, kwargs):
+        if type(optimizer).__module__ == "myproject.optim":
+            steps.append([(p, p.detach().clone()) for g in optimizer.param_groups for p in g["params"]])  # fmt: skip
+
+    def after(optimizer, args, kwargs):
+        if type(optimizer).__module__ == "myproject.optim" and len(steps) == 1:
+            moved.extend((p.detach() - old).abs().flatten() for p, old in steps[0])
+
+    hooks = register_optimizer_step_pre_hook(before), register_optimizer_step_post_hook(after)
+    try:
+        result = fit(
+            make_cfg(*SMALL, "max_steps=3", "optimizer._target_=myproject.optim.Lion",
+                     f"optimizer.lr={lr}", "optimizer.weight_decay=0",
+                     "optimizer.schedule=constant"),
+            own_package / "run",
+        )  # fmt: skip
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert len(steps) == 3 == result.summary["steps"]  # the class steps the run, once a step
+    assert result.summary["gears"]["optimizer"] == "myproject.optim.Lion"
+    # Lion's first update is lr x the gradient's sign: each element moves by lr (or 0)
+    moved = torch.cat(moved)
+    assert (moved > 0).float().mean() > 0.5
+    assert torch.allclose(moved[moved > 0], torch.tensor(lr), rtol=1e-3)
+    saved = load_checkpoint(latest_checkpoint(own_package / "run" / "checkpoints"))["optimizer"]
+    names = {name for name, _ in result.model.named_parameters()}
+    assert set(saved["state"]) == names  # keyed by parameter name: it loads resharded
+    assert all(state["momentum"].abs().sum() > 0 for state in saved["state"].values())
+
+
+def test_a_schedule_of_ones_own_sets_each_steps_lr(own_package):
+    code = page_block("# myproject/schedule.py: a learning-rate schedule of one's own")
+    (own_package / "myproject" / "schedule.py").write_text(code)
+    lrs: list[float] = []
+    hook = register_optimizer_step_pre_hook(
+        lambda optimizer, args, kwargs: lrs.append(optimizer.param_groups[0]["lr"])
+    )
+    try:
+        result = fit(
+            make_cfg(*SMALL, "max_steps=6", "optimizer.lr=0.08",
+                     "optimizer.schedule=myproject.schedule.thirds"),
+            own_package / "run",
+        )  # fmt: skip
+    finally:
+        hook.remove()
+    from myproject.schedule import thirds
+
+    assert result.summary["steps"] == 6
+    assert lrs == [0.08 * thirds(step, 6) for step in range(6)]
+    assert lrs == [0.08, 0.08, 0.04, 0.04, 0.02, 0.02]  # halved after each third

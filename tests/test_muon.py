@@ -15,7 +15,8 @@ from test_distributed import GPT_CLIPPED, spawn_ranks
 
 from gearshift.build import build_parts
 from gearshift.config import ConfigError
-from gearshift.engine.optim import MuonWithAdamW, build_optimizer
+from gearshift.engine.optim import Optimizers, build_optimizers
+from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
@@ -33,17 +34,20 @@ def lm_cfg(*overrides: str):
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest_each_at_its_lr():
     cfg = lm_cfg("optimizer.muon_lr=0.05", "optimizer.lr=0.001")
     model = GPT(64, 16, n_layer=2, n_head=2, n_embd=32)
-    optimizer = build_optimizer(model, cfg.optimizer)
-    assert isinstance(optimizer, MuonWithAdamW)
+    optimizers = build_optimizers(model, cfg.optimizer)
+    assert isinstance(optimizers, Optimizers)
+    muon, adamw = optimizers.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
     names = {id(p): n for n, p in model.named_parameters()}
-    on_muon = {names[id(p)] for g in optimizer.muon.param_groups for p in g["params"]}
-    on_adamw = {names[id(p)] for g in optimizer.adamw.param_groups for p in g["params"]}
+    on_muon = {names[id(p)] for g in muon.param_groups for p in g["params"]}
+    on_adamw = {names[id(p)] for g in adamw.param_groups for p in g["params"]}
     assert on_muon == {f"blocks.{i}.{m}.weight" for i in range(2)
                        for m in ("attn.qkv", "attn.proj", "mlp.fc", "mlp.proj")}  # fmt: skip
     assert on_adamw == set(names.values()) - on_muon  # wte (the tied head), wpe, LayerNorms
-    assert {g["lr"] for g in optimizer.muon.param_groups} == {0.05}
-    assert {g["lr"] for g in optimizer.adamw.param_groups} == {0.001}
-    assert len(optimizer.param_groups) == 3  # what the schedule scales: both optimizers' groups
+    assert {g["lr"] for g in muon.param_groups} == {0.05}
+    assert {g["lr"] for g in adamw.param_groups} == {0.001}
+    assert len(optimizers.param_groups) == 3  # both optimizers' groups, the same dicts
+    assert all(a is b for a, b in zip(optimizers.param_groups, [*muon.param_groups, *adamw.param_groups], strict=True))  # fmt: skip
 
 
 def test_muon_state_saves_and_resumes_exactly(tmp_path):
@@ -157,3 +161,27 @@ def test_muon_on_a_model_without_hidden_matrices_exits_2_with_no_run_folder(tmp_
         "take AdamW): use optimizer=adamw"
     ]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_under_fp16_muon_and_adamw_skip_a_step_with_inf_gradients_together():
+    # the GradScaler takes both as one: one inf/nan check a step, one decision for both
+    model = GPT(64, 16, n_layer=1, n_head=2, n_embd=32)
+    optimizers = build_optimizers(model, lm_cfg().optimizer, total_steps=4)
+    precision = Precision(torch.float16, CPU)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    idx = torch.randint(64, (2, 16))
+    with precision.autocast():
+        loss = model(idx).float().mean()
+    precision.backward(loss * float("inf"))
+    precision.step(optimizers)
+    assert int(precision.skipped_steps) == 1
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    optimizers.zero_grad()
+    with precision.autocast():
+        loss = model(idx).float().mean()
+    precision.backward(loss)
+    precision.unscale(optimizers)  # as the loop does before clipping; step does not again
+    precision.step(optimizers)
+    assert int(precision.skipped_steps) == 1
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert "blocks.0.mlp.fc.weight" in moved and "wte.weight" in moved  # Muon's and AdamW's

@@ -15,7 +15,7 @@ from test_config import preflight_error_lines
 
 from gearshift.app import preflight
 from gearshift.batch_finder import TensorMemory, largest_fitting
-from gearshift.engine.optim import build_optimizer, clip_grad_norm
+from gearshift.engine.optim import build_optimizers, clip_grad_norm
 from gearshift.engine.precision import resolve_amp
 from gearshift.models.factory import build_model
 from gearshift.observe.plan import log_plan, make_plan, resolve_target, trace
@@ -34,7 +34,7 @@ def measured_peak(cfg) -> int:
     task = build_task(cfg.task)
     fmt = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
     model = build_model(cfg.model, CPU, fmt).train()
-    optimizer = build_optimizer(model, cfg.optimizer)
+    optimizer = build_optimizers(model, cfg.optimizer)
     dtype = resolve_amp(cfg.amp.dtype, CPU).dtype
     held = sum(t.untyped_storage().nbytes() for t in [*model.parameters(), *model.buffers()])
     with TensorMemory() as memory:

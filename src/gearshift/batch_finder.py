@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 
 from gearshift.config import ConfigError
 from gearshift.data.loading import to_device
-from gearshift.engine.optim import build_optimizer
+from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
 from gearshift.observe.plan import make_plan
@@ -113,14 +113,14 @@ def size_cap(cfg: DictConfig, num_samples: int | None) -> tuple[int, str]:
 
 
 class _Probe:
-    """A copy of the model and its optimizer, run for real steps on the task's example
+    """A copy of the model and its optimizers, run for real steps on the task's example
     batches."""
 
     def __init__(self, cfg, task: Task, device, precision_dtype, memory_format) -> None:
         self.device, self.memory_format, self.task = device, memory_format, task
         self.model = build_model(cfg.model, device, memory_format)
         self.model.train()
-        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.optimizers = build_optimizers(self.model, cfg.optimizer)
         self.precision = Precision(precision_dtype, device)  # its own GradScaler
 
     def forward_backward(self, batch_size: int) -> None:
@@ -131,8 +131,8 @@ class _Probe:
         self.precision.backward(loss)
 
     def optimizer_step(self) -> None:
-        self.precision.step(self.optimizer)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.precision.step(self.optimizers)
+        self.optimizers.zero_grad(set_to_none=True)
 
     def steps(self, batch_size: int, count: int) -> None:
         for _ in range(count):
@@ -167,7 +167,7 @@ def _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound) ->
             ok = budget is None or torch.cuda.max_memory_allocated(device) <= budget
         except torch.OutOfMemoryError:
             ok = False
-        probe.optimizer.zero_grad(set_to_none=True)
+        probe.optimizers.zero_grad(set_to_none=True)
         gc.collect()
         torch.cuda.empty_cache()
         log.debug("batch_size=auto: %d %s", n, "fits" if ok else "does not fit")
@@ -278,7 +278,7 @@ def measure_cpu_memory(
     """The memory model of training on the CPU, from one real step at each of two sizes."""
     probe = _Probe(cfg, task, torch.device("cpu"), precision_dtype, memory_format)
     probe.steps(sizes[0], count=1)  # allocates the optimizer state
-    state = [t for s in probe.optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+    state = probe.optimizers.state_tensors()
     held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
     (fb0, step0), (fb1, step1) = (measure_step_memory(probe, n) for n in sizes)
 
@@ -295,9 +295,7 @@ def tracked_step_peak(cfg, task: Task, precision_dtype, memory_format) -> int:
     with torch.random.fork_rng(devices=[]):
         probe = _Probe(cfg, task, torch.device("cpu"), precision_dtype, memory_format)
         probe.steps(cfg.batch_size, count=1)  # allocates the optimizer state
-        state = [
-            t for s in probe.optimizer.state.values() for t in s.values() if torch.is_tensor(t)
-        ]
+        state = probe.optimizers.state_tensors()
         held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
         return int(held + max(measure_step_memory(probe, cfg.batch_size)))
 

@@ -2,8 +2,8 @@
 
 `build_parts` makes what validating a model needs (precision, task, batches, device
 transforms, the model and its weight average); `build_run` adds what training needs
-(the wrapped forward, optimizer, schedule, checkpointer, the loop's meters, profiler, MFU
-and the advisor) and restores a checkpoint into them. Every builder decides against this
+(the wrapped forward, the optimizers with their lr schedules, checkpointer, the loop's
+meters, profiler, MFU and the advisor) and restores a checkpoint into them. Every builder decides against this
 machine once (what `amp=on` means here, how many loader workers, whether to compile), and
 the run's `gears` (summary.json) is the collection of those decisions with their reasons.
 """
@@ -30,7 +30,7 @@ from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets
 from gearshift.data.streams import stream_length, stream_position
 from gearshift.engine.ema import EMA, build_ema
-from gearshift.engine.optim import build_optimizer, build_schedule
+from gearshift.engine.optim import Optimizers, build_optimizers
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
 from gearshift.engine.runtime import configure_backends, configure_determinism, seed_everything
 from gearshift.models.blocks import model_blocks
@@ -51,7 +51,6 @@ from gearshift.state.checkpointer import (
     Checkpointer,
     Layout,
     ModelState,
-    OptimizerState,
     RngState,
     Saved,
     read_resume,
@@ -120,8 +119,7 @@ class Run(Parts):
 
     strategy: str
     forward: nn.Module  # the model as the loop calls it: compiled, wrapped for DDP/FSDP
-    optimizer: torch.optim.Optimizer
-    schedule: torch.optim.lr_scheduler.LRScheduler | None
+    optimizers: Optimizers  # with their lr schedules
     max_steps: int | None  # the step budget (max_steps, max_tokens); None: epochs decide
     total_steps: int
     position: Position
@@ -383,18 +381,16 @@ def build_run(
     forward = compile_model(model, cfg.compile) if compiled else model  # tip 8: torch.compile
     # tip 18: DDP (or FSDP, one unit per block)
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
-    optimizer = build_optimizer(model, cfg.optimizer)
     batches_per_epoch = len(parts.train_batches)
     total_steps = run_length(cfg, max_steps, batches_per_epoch, ranks, trained)
-    schedule = build_schedule(optimizer, cfg.optimizer, total_steps)
+    optimizers = build_optimizers(model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp")
     best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
         log.warning("early_stop.patience: no validation data to judge by; it stays off")
     position = Position(global_batch=cfg.batch_size * ranks.world_size)
     position.stream = stream_position(parts.train_batches)  # iterable data: its own state
     checkpointer = build_checkpointer(
-        folder, parts, strategy, position, optimizer, schedule, best, saved, trained,
-        batches_per_epoch,
+        folder, parts, strategy, position, optimizers, best, saved, trained, batches_per_epoch,
     )  # fmt: skip
     profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
     reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
@@ -411,7 +407,7 @@ def build_run(
     gears = parts.gears | training_gears(cfg, compiled, compile_reason, strategy)
     return Run(
         **vars(parts) | {"gears": gears},
-        strategy=strategy, forward=forward, optimizer=optimizer, schedule=schedule,
+        strategy=strategy, forward=forward, optimizers=optimizers,
         max_steps=max_steps, total_steps=total_steps, position=position, checkpointer=checkpointer, best=best,
         mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
         memory_history=memory_history, reporter=reporter, sampler=sampler, plan=plan,
@@ -449,8 +445,7 @@ def run_length(
 
 
 def build_checkpointer(
-    folder: Path, parts: Parts, strategy: str, position: Position,
-    optimizer: torch.optim.Optimizer, schedule: torch.optim.lr_scheduler.LRScheduler | None,
+    folder: Path, parts: Parts, strategy: str, position: Position, optimizers: Optimizers,
     best: BestTracker, saved: Saved | None, trained: Trained | None, batches_per_epoch: int,
 ) -> Checkpointer:  # fmt: skip
     """The checkpointer of the run's parts, each registered under its name; restored from
@@ -464,9 +459,8 @@ def build_checkpointer(
     for name, part in {
         "position": position,
         "model": ModelState(model, fsdp),
-        "optimizer": OptimizerState(model, optimizer, fsdp),
+        "optimizer": optimizers,  # with the schedules
         "scaler": parts.precision.scaler,
-        "schedule": schedule,
         "rng": RngState(),
         "best": best,
         "ema": parts.ema,
@@ -489,7 +483,7 @@ def training_gears(cfg: DictConfig, compiled: bool, compile_reason: str, strateg
     return {
         "compile": cfg.compile.mode if compiled else "off",
         "compile_reason": compile_reason,
-        "optimizer": cfg.optimizer.name,
+        "optimizer": cfg.optimizer._target_ or cfg.optimizer.name,  # one's own class: its name
         "fused": cfg.optimizer.fused,
         "foreach": cfg.optimizer.foreach,
         "set_to_none": cfg.optimizer.set_to_none,

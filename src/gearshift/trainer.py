@@ -27,7 +27,7 @@ from gearshift.config import DataError
 from gearshift.config.rules import locate
 from gearshift.engine.accumulation import Window
 from gearshift.engine.failures import TrainingFailed
-from gearshift.engine.optim import clip_grad_norm
+from gearshift.engine.optim import Optimizers, clip_grad_norm
 from gearshift.engine.runtime import resolve_device
 from gearshift.observe.console import ProgressBar
 from gearshift.observe.loggers import NullLogger, build_logger
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class RunResult:
     model: nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizers: Optimizers
     summary: dict[str, Any]
     steady: Interval  # the steady-state steps behind the summary's figures
 
@@ -95,7 +95,7 @@ class Trainer:
         self.run = run = build_run(cfg, run_dir, ranks, strategy, device)
         self.cfg, self.task, self.precision = run.cfg, run.task, run.precision
         self.model, self.forward, self.ema = run.model, run.forward, run.ema
-        self.optimizer, self.schedule = run.optimizer, run.schedule
+        self.optimizers = run.optimizers
         self.train_batches, self.val_batches = run.train_batches, run.val_batches
         self.position, self.best, self.checkpointer = run.position, run.best, run.checkpointer
         self.meter, self.losses, self.profiler = run.meter, run.losses, run.profiler
@@ -120,7 +120,7 @@ class Trainer:
     def fit(self) -> RunResult:
         p, run, summary = self.position, self.run, None
         if (done := finished_summary(self.run_dir, self.finished, self.total_steps)) is not None:
-            return RunResult(self.model, self.optimizer, done, Interval())
+            return RunResult(self.model, self.optimizers, done, Interval())
         if self.ranks.is_zero:
             self.logger = build_logger(
                 self.cfg.logger, self.run_dir, self.checkpointer.config, self.run_name, p.step
@@ -160,7 +160,7 @@ class Trainer:
             run.memory_history.dump()
             run.memory_history.stop()
             self.logger.finish(summary)
-        return RunResult(self.model, self.optimizer, summary, self.meter.steady_state())
+        return RunResult(self.model, self.optimizers, summary, self.meter.steady_state())
 
     def windows(self) -> Iterator[Window]:
         """The micro-batches of each optimizer step, epoch after epoch, until the last step
@@ -195,14 +195,13 @@ class Trainer:
             p.trained += p.global_batch
         if self.losses.update_allowed():  # on_nonfinite=skip: False for a NaN/inf loss
             if self.clip_grad_norm is not None or self.logs_at(p.step + 1):  # else no norm needed
-                self.precision.unscale(self.optimizer)  # fp16: clip and report the true gradients
+                self.precision.unscale(self.optimizers)  # fp16: clip and report the true gradients
                 self.grad_norm = clip_grad_norm(self.model.parameters(), self.clip_grad_norm)
-            self.precision.step(self.optimizer)  # tip 11: fp16 through the GradScaler
+            self.precision.step(self.optimizers)  # tip 11: fp16 through the GradScaler
         elif self.ranks.is_zero:
             log.warning("step %d: non-finite loss, update skipped (on_nonfinite=skip)", p.step + 1)
-        self.optimizer.zero_grad(set_to_none=self.set_to_none)  # tip 12: set_to_none
-        if self.schedule is not None:
-            self.schedule.step()
+        self.optimizers.zero_grad(set_to_none=self.set_to_none)  # tip 12: set_to_none
+        self.optimizers.step_schedules()
         p.step += 1
         if self.ema is not None:
             self.ema.update(p.step)  # on the device, no sync
@@ -287,7 +286,7 @@ class Trainer:
         samples_per_sec = global_samples / interval.seconds
         metrics = {
             **means,
-            "train/lr": self.optimizer.param_groups[0]["lr"],
+            "train/lr": self.optimizers.lr(),
             "perf/samples_per_sec": samples_per_sec,
             **interval.metrics(),
             **self.run.mfu.metrics(samples_per_sec / world),

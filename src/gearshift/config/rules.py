@@ -66,16 +66,16 @@ def check_int(
         fail(prefix + key, value, f"expected an integer >= {minimum}{extra}")
 
 
-def locate(key: str, target: Any) -> Any:
-    """The class or function `target` names ("module.Name"), or a ConfigError for `key`."""
+def locate(
+    key: str, target: Any, expected: str = "expected an importable class or function (module.Name)"
+) -> Any:
+    """The class or function `target` names ("module.Name"), or a ConfigError for `key`
+    that says what is `expected` there."""
     module, _, name = str(target).rpartition(".")
     try:  # not hydra.utils.get_object: it prints its own multi-line error first
         found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
         found = None
     if not callable(found):  # missing, or a module
-        raise ConfigError(
-            f"{key}={target!r} is not allowed; "
-            "expected an importable class or function (module.Name)"
-        )
+        raise ConfigError(f"{key}={target!r} is not allowed; {expected}")
     return found

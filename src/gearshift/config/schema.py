@@ -123,11 +123,20 @@ class BatchSizeFinderConfig:
 
 OPTIMIZERS = ("sgd", "adamw", "muon")
 SCHEDULES = ("constant", "cosine")
+# What one's own optimizer class and schedule must be (engine/optim.py builds them).
+OPTIMIZER_CLASS = "expected an importable torch.optim.Optimizer subclass (module.Name)"
+SCHEDULE_FUNCTION = (
+    f"choose one of: {', '.join(SCHEDULES)}, or name a function factor(step, total_steps) "
+    "-> float (module.name)"
+)
 
 
 @dataclass
 class OptimizerConfig:
     name: str = "sgd"  # OPTIMIZERS; set by the optimizer group
+    # one's own torch.optim.Optimizer subclass (module.Name), built as
+    # cls(parameter groups, lr=lr, weight_decay=weight_decay); it replaces `name`'s
+    _target_: str | None = None
     lr: float = 0.05  # the peak learning rate (AdamW's under muon)
     momentum: float = 0.9  # SGD's momentum
     nesterov: bool = False  # SGD: Nesterov momentum
@@ -137,7 +146,9 @@ class OptimizerConfig:
     foreach: bool | None = None  # None: torch's default
     fused: bool = False  # one fused kernel for the update
     set_to_none: bool = False  # zero_grad(set_to_none=True): free the gradients (tip 12)
-    schedule: str = "cosine"  # SCHEDULES; the lr over the run's steps, after the warm-up
+    # SCHEDULES, or one's own function factor(step, total_steps) -> float (module.name):
+    # the lr over the run's steps, after the warm-up, as a multiple of `lr`
+    schedule: str = "cosine"
     lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
     muon_lr: float = 0.02  # optimizer=muon: Muon's lr on the hidden matrices (lr: AdamW's)
@@ -147,7 +158,12 @@ class OptimizerConfig:
     def check_node(node: DictConfig) -> None:
         at = "optimizer."
         check_choice(node, "name", OPTIMIZERS, at)
-        check_choice(node, "schedule", SCHEDULES, at)
+        if node.schedule not in SCHEDULES:  # one's own: factor(step, total_steps)
+            if "." not in str(node.schedule):
+                fail(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
+            locate(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
+        if node.get("_target_"):  # one's own optimizer class
+            check_optimizer_class(node._target_)
         if not node.lr > 0:
             fail(at + "lr", node.lr, "expected a number > 0")
         if math.isinf(node.lr):
@@ -171,6 +187,17 @@ class OptimizerConfig:
                 fail(at + key, value, "expected a number > 0" if key == "muon_lr" else "expected 0 <= x < 1")  # fmt: skip
         if node.fused and node.foreach:
             fail(at + "foreach", True, "it cannot be true together with optimizer.fused=true")
+
+
+def check_optimizer_class(target: Any) -> None:
+    """`optimizer._target_` names a torch.optim.Optimizer subclass, checked by the names of
+    its bases (the config layer does not import torch)."""
+    found = locate("optimizer._target_", target, OPTIMIZER_CLASS)
+    if not isinstance(found, type):
+        fail("optimizer._target_", target, OPTIMIZER_CLASS)
+    bases = {f"{c.__module__}.{c.__qualname__}" for c in found.__mro__}
+    if "torch.optim.optimizer.Optimizer" not in bases:
+        fail("optimizer._target_", target, OPTIMIZER_CLASS)
 
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")

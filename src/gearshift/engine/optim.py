@@ -1,29 +1,55 @@
-"""The optimizer (with the foreach/fused gear), gradient clipping and the learning-rate schedule."""
+"""The run's optimizers and their learning-rate schedules as one stateful thing
+(`Optimizers`, built by `build_optimizers`), and gradient clipping.
+
+One's own optimizer class (`optimizer._target_`) and schedule (`optimizer.schedule`
+naming a function) plug in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
 
 from gearshift.config import ConfigError
-from gearshift.config.schema import OptimizerConfig
+from gearshift.config.rules import locate
+from gearshift.config.schema import OPTIMIZER_CLASS, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+def build_optimizers(
+    model: nn.Module, cfg: OptimizerConfig, total_steps: int | None = None, fsdp: bool = False
+) -> Optimizers:
+    """The optimizers `cfg` names over `model`'s parameters, each with the lr schedule of a
+    run of `total_steps` (None: no schedules, for probes that take a step or two)."""
+    if cfg.name == "muon" and not cfg._target_:
+        optimizers = build_muon(model, cfg)
+    else:
+        optimizers = [one_optimizer(model, cfg)]
+    schedules = None
+    if total_steps is not None:
+        factor = schedule_factor(cfg, total_steps)
+        schedules = [LambdaLR(optimizer, factor) for optimizer in optimizers]
+    return Optimizers(model, optimizers, schedules, fsdp)
+
+
+def one_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
+    """SGD or AdamW, or the class `optimizer._target_` names: a torch.optim.Optimizer
+    subclass built as `cls(parameter_groups, lr=optimizer.lr, weight_decay=...)`."""
+    params = parameter_groups(model, cfg.weight_decay, cfg.weight_decay_1d)
+    if cfg._target_:
+        optimizer_class = locate("optimizer._target_", cfg._target_, OPTIMIZER_CLASS)
+        return optimizer_class(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     # fused: one kernel for the whole update; foreach: one kernel per op across all tensors.
-    if cfg.name == "muon":
-        return build_muon(model, cfg)
     common = {
         "lr": cfg.lr,
         "weight_decay": cfg.weight_decay,
         "foreach": cfg.foreach,
         "fused": cfg.fused or None,
     }
-    params = parameter_groups(model, cfg.weight_decay, cfg.weight_decay_1d)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, momentum=cfg.momentum, nesterov=cfg.nesterov, **common)
     return torch.optim.AdamW(params, betas=tuple(cfg.betas), **common)
@@ -66,64 +92,162 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
     return total
 
 
-def build_schedule(
-    optimizer: torch.optim.Optimizer, cfg: OptimizerConfig, total_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler | None:
-    """Linear warm-up, then cosine decay to zero at `total_steps`; None for a constant lr."""
-    if cfg.schedule == "constant" and cfg.lr_warmup_steps == 0:
-        return None
-    warmup = cfg.lr_warmup_steps
+def schedule_factor(cfg: OptimizerConfig, total_steps: int) -> Callable[[int], float]:
+    """The lr of step `step` (0: the first) as a multiple of the peak: a linear warm-up over
+    `lr_warmup_steps`, then constant, cosine decay to zero at `total_steps`, or the factor
+    of one's own function `optimizer.schedule` names: `factor(step, total_steps)`."""
+    warmup, constant = cfg.lr_warmup_steps, cfg.schedule == "constant"  # plain values: per step
+    after = None
+    if cfg.schedule not in SCHEDULES:
+        after = locate("optimizer.schedule", cfg.schedule, SCHEDULE_FUNCTION)
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        if cfg.schedule == "constant":
+        if after is not None:
+            return float(after(step, total_steps))
+        if constant:
             return 1.0
         progress = (step - warmup) / max(1, total_steps - warmup)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    return factor
 
 
-class MuonWithAdamW(torch.optim.Optimizer):
-    """optimizer=muon: torch's Muon on the hidden 2-D weights, AdamW on the rest, stepped
-    together as one optimizer (the schedule, the GradScaler, zero_grad and checkpoints see
-    one object; `param_groups` is both optimizers' groups, the same dicts).
+class Optimizers:
+    """The run's optimizers as one stateful thing: the torch optimizers (one; optimizer=muon:
+    Muon on the hidden matrices and AdamW on the rest), each with its lr schedule.
+
+    The loop steps, zeroes and schedules them here, fp16's GradScaler unscales and steps
+    each (`step`), and the checkpointer saves `state_dict()`: every optimizer's state keyed
+    by parameter name (torch.distributed.checkpoint's helpers, so it loads resharded at any
+    world size and strategy) beside the schedules' counters.
 
     Under FSDP the matrices are DTensors sharded by rows; torch's Muon takes them as they
     are: its Newton-Schulz iteration runs on DTensors, whose matmuls and norm gather what
     they need, so every rank applies the update of the whole matrix to its shard."""
 
-    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW) -> None:
-        self.muon, self.adamw = muon, adamw
-        self.parts = (muon, adamw)  # what FSDP's optimizer state dicts take (state/checkpointer.py)
-        # the base class's bookkeeping (hooks, defaults) without re-adding the groups
-        super().__init__([{"params": [torch.zeros(1)]}], {})
-        self.param_groups = [*muon.param_groups, *adamw.param_groups]
+    sharded = True  # the checkpointer writes each rank's shards (state/checkpointer.py)
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        schedules: list[LambdaLR] | None = None,
+        fsdp: bool = False,
+    ) -> None:
+        """`model`: the module whose parameters they update (its parameter names key the
+        state); `schedules`: one per optimizer, or None (probes that step twice)."""
+        self.model, self.optimizers, self.fsdp = model, optimizers, fsdp
+        self.schedules = schedules or []
 
     @property
-    def state(self):  # type: ignore[override]
-        return {**self.muon.state, **self.adamw.state}
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Every optimizer's groups, the same dicts (what the schedules scale)."""
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
 
-    @state.setter
-    def state(self, value) -> None:  # the base class's __init__ assigns an empty one
-        pass
+    def lr(self) -> float:
+        """The first group's learning rate now, for the log (train/lr; under muon, Muon's)."""
+        return self.optimizers[0].param_groups[0]["lr"]
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        self.muon.step()
-        self.adamw.step()
+    def unscale_(self, scaler: torch.amp.GradScaler) -> None:
+        """fp16: divide every optimizer's gradients by the loss scale now."""
+        scaler.unscale_(self._scaled())
+
+    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
+        """One update of every optimizer; `scaler` (fp16): through the GradScaler, which skips
+        the update when the gradients hold inf/nan. The caller updates the scale once."""
+        if scaler is not None:
+            scaler.step(self._scaled())  # calls our step() again, without the scaler
+            return
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def _scaled(self) -> torch.optim.Optimizer | Optimizers:
+        """What the GradScaler unscales and steps: one optimizer itself (a fused one takes
+        the scale and skips on the device, with no host read), several as one (GradScaler
+        reads `param_groups` and calls `step()`): one inf/nan read a step, not one per
+        optimizer, and they skip together."""
+        return self.optimizers[0] if len(self.optimizers) == 1 else self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.muon.zero_grad(set_to_none)
-        self.adamw.zero_grad(set_to_none)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none)
 
-    def state_dict(self) -> dict:  # type: ignore[override]
-        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+    def step_schedules(self) -> None:
+        """After each optimizer step, skipped or not: the lr of the next."""
+        for schedule in self.schedules:
+            schedule.step()
 
-    def load_state_dict(self, state: dict) -> None:  # type: ignore[override]
-        self.muon.load_state_dict(state["muon"])
-        self.adamw.load_state_dict(state["adamw"])
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The optimizers' state tensors (moments, momentum buffers), for memory accounting."""
+        return [
+            t
+            for optimizer in self.optimizers
+            for state in optimizer.state.values()
+            for t in state.values()
+            if torch.is_tensor(t)
+        ]
+
+    def state_dict(self) -> dict[str, Any]:
+        """{"state": by parameter name, "param_groups": ..., "schedules": [...]}; under FSDP
+        this rank's shards. An optimizer without state yet saves none."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        state = get_optimizer_state_dict(self.model, self.optimizers)
+        return state | {"schedules": [schedule.state_dict() for schedule in self.schedules]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """What `state_dict` saved (a DCP load: this rank's shards; a consolidated one: whole
+        tensors), or an older single file's: torch's own state dict of one optimizer, keyed
+        by position, with no schedules in it."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+        from torch.distributed.tensor import DTensor
+
+        state = dict(state)
+        schedules = state.pop("schedules", None)
+        if not keyed_by_name(state):
+            self._load_by_position(state)
+        else:
+            values = [v for s in state.get("state", {}).values() for v in s.values()]
+            whole = self.fsdp and not any(isinstance(v, DTensor) for v in values)
+            options = StateDictOptions(full_state_dict=whole)
+            set_optimizer_state_dict(self.model, self.optimizers, state, options=options)
+        if schedules is not None:
+            if len(schedules) != len(self.schedules):
+                raise OptimizerStateMismatch(
+                    f"its optimizer state holds {len(schedules)} lr schedules, this run "
+                    f"steps {len(self.schedules)}"
+                )
+            for schedule, saved in zip(self.schedules, schedules, strict=True):
+                schedule.load_state_dict(saved)
+
+    def _load_by_position(self, state: dict[str, Any]) -> None:
+        if self.fsdp and state.get("state"):
+            raise OptimizerStateMismatch(
+                "this single-file checkpoint was written without distributed=fsdp (its "
+                "optimizer state is keyed by position); resume it without fsdp"
+            )
+        if len(self.optimizers) != 1:
+            raise OptimizerStateMismatch(
+                f"its optimizer state (keyed by position) is one optimizer's; this run steps "
+                f"{len(self.optimizers)}"
+            )
+        self.optimizers[0].load_state_dict(state)
+
+
+class OptimizerStateMismatch(ValueError):
+    """Saved optimizer state that does not fit this run's optimizers; one line."""
+
+
+def keyed_by_name(state: dict[str, Any]) -> bool:
+    """Whether an optimizer state dict names its parameters (torch.distributed.checkpoint's
+    helpers) rather than numbering them (torch's own `Optimizer.state_dict`)."""
+    groups = state.get("param_groups", [])
+    return any(isinstance(p, str) for group in groups for p in group.get("params", []))
 
 
 def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
@@ -139,8 +263,8 @@ def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]
     return hidden, rest
 
 
-def build_muon(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr) on the rest."""
+def build_muon(model: nn.Module, cfg: OptimizerConfig) -> list[torch.optim.Optimizer]:
+    """[Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr) on the rest]."""
 
     hidden, rest = muon_split(model)
     if not hidden:
@@ -161,4 +285,4 @@ def build_muon(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
         groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
         foreach=cfg.foreach, fused=cfg.fused or None,
     )  # fmt: skip
-    return MuonWithAdamW(muon, adamw)
+    return [muon, adamw]

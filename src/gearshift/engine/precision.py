@@ -17,9 +17,13 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cache
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from gearshift.engine.optim import Optimizers
 
 # When GradScaler skips a step (inf/nan gradients, as it does while it finds its scale), the
 # schedule still steps; that is intended, and torch's warning about the order is noise here.
@@ -209,20 +213,20 @@ class Precision:
     def backward(self, loss: torch.Tensor) -> None:
         self.scaler.scale(loss).backward()
 
-    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale(self, optimizers: Optimizers) -> None:
         """Divide the gradients by the loss scale now (fp16), so that their norm is the true
         one; the step that follows knows and does not divide again."""
         if self.scaler.is_enabled():
-            self.scaler.unscale_(optimizer)
+            optimizers.unscale_(self.scaler)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizers: Optimizers) -> None:
         if not self.scaler.is_enabled():
-            optimizer.step()
+            optimizers.step()
             return
-        self.scaler.step(optimizer)
+        optimizers.step(self.scaler)
         # The scale only shrinks after a skipped step; compare on the device, never on the host.
         scale_before = self.scaler._scale.clone()
-        self.scaler.update()
+        self.scaler.update()  # once for all the optimizers: their inf/nan checks combined
         self.skipped_steps += (self.scaler._scale < scale_before).long()
 
     def grad_scale(self) -> float | None:

@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from gearshift.config import ConfigError
 from gearshift.config.schema import PLAN_DEVICES
 from gearshift.data.loading import to_device
-from gearshift.engine.optim import build_optimizer, clip_grad_norm
+from gearshift.engine.optim import build_optimizers, clip_grad_norm
 from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import resolve_device
 from gearshift.models.blocks import model_blocks
@@ -139,7 +139,7 @@ class Trace:
 
 
 def _step(
-    cfg, model, optimizer, task: Task, batch_size: int, accum: int, dtype, device, tracker
+    cfg, model, optimizers, task: Task, batch_size: int, accum: int, dtype, device, tracker
 ) -> None:
     """One optimizer step as the Trainer takes it: accum micro-batches, clipping, update."""
     memory_format = torch.channels_last if cfg.memory_format.channels_last else None
@@ -152,8 +152,8 @@ def _step(
         tracker.reset_mod_stats()  # MemTracker follows one forward and backward at a time
     if cfg.optimizer.clip_grad_norm:
         clip_grad_norm(model.parameters(), cfg.optimizer.clip_grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=cfg.optimizer.set_to_none)
+    optimizers.step()
+    optimizers.zero_grad(set_to_none=cfg.optimizer.set_to_none)
 
 
 def trace(
@@ -172,15 +172,15 @@ def trace(
         model = instantiate_model(cfg.model)
         _in_memory_format(model, memory_format or torch.contiguous_format)
         model.train()
-        optimizer = build_optimizer(model, cfg.optimizer)
+        optimizers = build_optimizers(model, cfg.optimizer)
         tracker = MemTracker()
-        tracker.track_external(model, optimizer)
+        tracker.track_external(model, *optimizers.optimizers)
         roofline = Roofline() if timed else None
         with tracker, roofline or nullcontext():
             for _ in range(2):  # the second runs with the optimizer state in place
                 if roofline:
                     roofline.restart()
-                _step(cfg, model, optimizer, task, batch_size, accum, dtype, device, tracker)
+                _step(cfg, model, optimizers, task, batch_size, accum, dtype, device, tracker)
         (snapshot,) = tracker.get_tracker_snapshot("peak").values()
     peak = dict.fromkeys(CATEGORIES.values(), 0.0)
     for kind, value in snapshot.items():

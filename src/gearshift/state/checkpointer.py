@@ -11,7 +11,10 @@ format for every strategy, a single process included:
   by parameter name (torch.distributed.checkpoint.state_dict), so they load resharded at
   any world size and strategy;
 - rank parts (rng): one object per rank (`rng_<rank>`);
-- job parts (position, scaler, schedule, best, config): rank 0's, one opaque object.
+- job parts (position, scaler, best, config): rank 0's, one opaque object.
+
+The optimizer part is engine/optim.py's Optimizers: every optimizer's state and each one's
+lr schedule, in one state dict.
 
 Resuming is the reverse: the job's parts are read once per start (`read_resume`), the build
 takes the decisions it needs from them, and `restore` loads the shards into this run's
@@ -41,6 +44,7 @@ from torch import nn
 
 from gearshift.config.schema import CheckpointConfig
 from gearshift.engine.failures import TrainingFailed
+from gearshift.engine.optim import OptimizerStateMismatch
 from gearshift.engine.runtime import seed_everything
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import (
@@ -164,58 +168,6 @@ class ModelState:
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=whole))
 
 
-def standard_optimizer(optimizer: torch.optim.Optimizer) -> bool:
-    """Torch optimizers over the model's parameters (optimizer=muon: its two `parts`),
-    whose state torch.distributed.checkpoint keys by parameter name; anything else keeps
-    its own state dict, saved by rank 0 (whole tensors: never FSDP)."""
-    parts = getattr(optimizer, "parts", [optimizer])
-    return all(type(p).state_dict is torch.optim.Optimizer.state_dict for p in parts)
-
-
-class OptimizerState:
-    """An optimizer's state keyed by parameter name; under FSDP each rank's shards."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> None:
-        self.model, self.optimizer, self.fsdp = model, optimizer, fsdp
-        self.sharded = standard_optimizer(optimizer)  # else a job part (rank 0's)
-
-    def state_dict(self) -> dict[str, Any]:
-        if not self.sharded:
-            return self.optimizer.state_dict()
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        # on an optimizer without state yet, one zero-gradient step at lr 0 creates it
-        return get_optimizer_state_dict(self.model, self.parts())
-
-    def parts(self) -> list[torch.optim.Optimizer]:
-        """The torch optimizers behind ours: optimizer=muon steps two (engine/optim.py
-        MuonWithAdamW), which torch's state dicts take as a list, keyed by name."""
-        return list(getattr(self.optimizer, "parts", [self.optimizer]))
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        # keyed by parameter name (DCP, or an older fsdp file); an older file without fsdp:
-        # keyed by position (optimizer=muon's: a dict of its two state dicts)
-        by_name = any(isinstance(key, str) for key in state.get("state", {}))
-        if not self.sharded or not by_name:  # muon's, or an older file's keyed by position
-            if self.fsdp and not by_name and state.get("state"):
-                raise CheckpointError(
-                    "this single-file checkpoint was written without distributed=fsdp (its "
-                    "optimizer state is keyed by position); resume it without fsdp"
-                )
-            self.optimizer.load_state_dict(state)
-            return
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-        from torch.distributed.tensor import DTensor
-
-        values = [v for s in state["state"].values() for v in s.values()]
-        whole = self.fsdp and not any(isinstance(v, DTensor) for v in values)
-        options = StateDictOptions(full_state_dict=whole)
-        set_optimizer_state_dict(self.model, self.parts(), state, options=options)
-
-
 class RngState:
     """The process's random generators (Python, NumPy, torch, CUDA)."""
 
@@ -250,7 +202,7 @@ def reseed(seed: int, rank: int, step: int) -> None:
 
 
 # Parts a checkpoint may lack: written before the part existed, or by a run without it.
-OPTIONAL = {"best", "ema", "schedule"}
+OPTIONAL = {"best", "ema"}
 RANK_PARTS = {"rng"}  # one state per rank
 
 
@@ -486,7 +438,10 @@ class Checkpointer:
             if part is None:
                 continue
             if name in template:
-                part.load_state_dict(template[name])
+                try:
+                    part.load_state_dict(template[name])
+                except OptimizerStateMismatch as error:
+                    raise CheckpointError(f"{where}: {error}") from None
             elif f"{name}_{self.ranks.rank}" in template:
                 part.load_state_dict(from_bytes(template[f"{name}_{self.ranks.rank}"]))
             elif name in RANK_PARTS:
@@ -538,6 +493,8 @@ def load_parts(saved: Saved, parts: dict[str, Stateful | None]) -> None:
                 part.load_state_dict(saved.state["model"])
             elif name not in OPTIONAL:
                 raise CheckpointError(f"it holds no {name} state")
+    except OptimizerStateMismatch as error:
+        raise CheckpointError(f"resume={str(saved.path)!r}: {error}") from None
     except ModelMismatch as error:
         target = saved.config.get("model", {}).get("_target_")
         raise CheckpointError(
