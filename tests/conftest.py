@@ -39,6 +39,11 @@ SLOW_WITH_FAST_COVER = {
     # distributed.nproc_per_node=2 launching, its temporary folder left clean: the same
     # launch and clean-up on a run whose rank fails
     "tests/test_distributed.py::test_nproc_per_node_starts_the_ranks_itself": "tests/test_distributed.py::test_ranks_that_fail_leave_nothing_in_the_temporary_folder",
+    # a rank SIGKILLed under torchrun: the agent tears the group down (here, with no restart
+    # left, it ends the job; there, it restarts it)
+    "tests/test_distributed.py::test_a_failed_rank_ends_the_job_instead_of_hanging": "tests/test_distributed.py::test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters",
+    # train.py's exit 2 for a bad value: test_config's process; this message: in this process
+    "tests/test_distributed.py::test_bad_distributed_input_is_one_line": "tests/test_distributed.py::test_bad_distributed_input_is_one_line_before_any_run_folder",
     "tests/test_distributed.py::test_a_multirun_sweep_runs_each_job_as_2_rank_ddp": "tests/test_sweeps.py::"
     "test_an_ablation_sweep_runs_each_gear_alone_in_its_own_process_and_reports",
     **{

@@ -429,13 +429,7 @@ def test_bad_distributed_input_is_one_line_before_any_run_folder(
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        BAD_DISTRIBUTED_INPUT[0],
-        *(pytest.param(*case, marks=pytest.mark.slow) for case in BAD_DISTRIBUTED_INPUT[1:]),
-    ],
-)
+@pytest.mark.parametrize(("override", "message"), BAD_DISTRIBUTED_INPUT)
 def test_bad_distributed_input_is_one_line(tmp_path, override, message):
     result = run_train(override, cwd=tmp_path)
     assert result.returncode == 2
