@@ -91,15 +91,7 @@ def load(path: str | None, name: str | None) -> tuple[Any, Files]:
             "or data files) or data.name (a dataset in the local cache): set one of them"
         )
     if name is not None:
-        try:
-            with _offline(datasets):
-                return datasets.load_dataset(name), {}
-        except Exception as error:  # the Hub client raises many kinds; all mean "not cached"
-            raise ConfigError(
-                f"data.name={name!r} is not allowed; it is not in the local Hugging Face "
-                f"cache ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
-                "download it once with internet, or point data.path at its files"
-            ) from None
+        return _load_cached(datasets, name), {}
     where = Path(path).expanduser()
     if not where.exists():
         raise ConfigError(f"data.path={path!r} is not allowed; no such file or folder")
@@ -125,8 +117,26 @@ def load(path: str | None, name: str | None) -> tuple[Any, Files]:
         )
     else:
         builder = datasets.load_dataset_builder(str(where))
-    # as load_dataset does, with the files it resolved kept: a Parquet file is read (its
-    # footer) before the copy to Arrow, so a damaged one is named
+    return _prepared(builder, where, path)
+
+
+def _load_cached(datasets: Any, name: str) -> Any:
+    """data.name: the dataset from the local Hugging Face cache, never the network."""
+    try:
+        with _offline(datasets):
+            return datasets.load_dataset(name)
+    except Exception as error:  # the Hub client raises many kinds; all mean "not cached"
+        raise ConfigError(
+            f"data.name={name!r} is not allowed; it is not in the local Hugging Face "
+            f"cache ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
+            "download it once with internet, or point data.path at its files"
+        ) from None
+
+
+def _prepared(builder: Any, where: Path, path: str) -> tuple[Any, Files]:
+    """The builder's dataset, prepared as load_dataset prepares it, with the files it resolved
+    kept: a Parquet file is read (its footer) before the copy to Arrow, so a damaged one is
+    named."""
     files = {
         str(split): tuple((_shown(f, where), f.removeprefix("file://")) for f in names)
         for split, names in builder.config.data_files.items()
