@@ -1,4 +1,4 @@
-"""Ranks for tests/test_distributed.py, started with torch.multiprocessing (spawn)."""
+"""Ranks for the distributed tests, started by tests/helpers.py `start_ranks` (forked)."""
 
 from __future__ import annotations
 

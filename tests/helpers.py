@@ -134,6 +134,13 @@ def start_ranks(worker, nprocs: int, *args) -> None:
     mp.start_processes(worker, args=args, nprocs=nprocs, start_method=method)
 
 
+def on_ranks(worker, ranks: int, out: Path, overrides: list[str]) -> list[dict]:
+    """`worker(rank, ranks, port, out, overrides)` (tests/distributed_workers.py) on `ranks`
+    ranks; what they saved as out/rank<r>.pt, in rank order."""
+    start_ranks(worker, ranks, ranks, free_port(), str(out), overrides)
+    return [torch.load(p, weights_only=False) for p in sorted(out.glob("rank*.pt"))]
+
+
 def train_in_process(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

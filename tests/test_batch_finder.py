@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import free_port, make_cfg, start_ranks, task_of
-from test_distributed import spawn_ranks
+from test_distributed import two_ranks
 
 from gearshift.batch_finder import (
     GIB,
@@ -166,7 +166,7 @@ def test_ranks_agree_on_the_smallest_size(tmp_path):
 
 def test_batch_size_auto_under_ddp_trains_both_ranks_at_one_size(tmp_path):
     overrides = ["model=simple_cnn", "batch_size=auto", "batch_size_finder.max_memory_gib=0.01"]
-    ranks = spawn_ranks(tmp_path, [*overrides, "max_steps=2", "data.image_size=16"])
+    ranks = two_ranks(tmp_path, [*overrides, "max_steps=2", "data.image_size=16"])
     sizes = {rank["summary"]["gears"]["batch_size"] for rank in ranks}
     assert len(sizes) == 1 and sizes.pop() % 8 == 0
     assert ranks[0]["summary"]["samples"] == 2 * 2 * ranks[0]["summary"]["gears"]["batch_size"]

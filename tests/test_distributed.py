@@ -19,10 +19,10 @@ from helpers import (
     check_amp_on_resolved,
     free_port,
     make_cfg,
+    on_ranks,
     only_summary,
     run_train,
     seconds,
-    start_ranks,
 )
 
 import gearshift.trainer
@@ -40,14 +40,13 @@ TINY_CLI = [
 ]
 
 
-def spawn_ranks(tmp_path: Path, overrides: list[str], worker=count_allreduces) -> list[dict]:
-    start_ranks(worker, 2, 2, free_port(), str(tmp_path), overrides)
-    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+def two_ranks(tmp_path: Path, overrides: list[str], worker=count_allreduces) -> list[dict]:
+    return on_ranks(worker, 2, tmp_path, overrides)
 
 
 def test_ddp_parameters_equal_on_every_rank_and_match_one_process_with_double_batch(tmp_path):
     common = ["model=mlp", "max_steps=6", "optimizer.schedule=constant", "optimizer.momentum=0"]
-    ranks = spawn_ranks(tmp_path / "ddp", [*common, "batch_size=8"])
+    ranks = two_ranks(tmp_path / "ddp", [*common, "batch_size=8"])
     for name, tensor in ranks[0]["params"].items():
         assert torch.equal(tensor, ranks[1]["params"][name]), name
     assert ranks[0]["summary"]["world_size"] == 2 and ranks[0]["summary"]["samples"] == 6 * 16
@@ -60,7 +59,7 @@ def test_ddp_parameters_equal_on_every_rank_and_match_one_process_with_double_ba
 
 def test_fsdp_shards_train_to_the_same_parameters_as_one_process(tmp_path):
     common = ["model=mlp", "max_steps=4", "optimizer.schedule=constant", "optimizer.momentum=0"]
-    ranks = spawn_ranks(tmp_path / "fsdp", [*common, "batch_size=8"], worker=train_sharded)
+    ranks = two_ranks(tmp_path / "fsdp", [*common, "batch_size=8"], worker=train_sharded)
     assert ranks[0]["summary"]["gears"]["distributed"] == "fsdp"
     single = fit(make_cfg(*common, "batch_size=16"), tmp_path / "single").model.state_dict()
     for name, tensor in single.items():
@@ -72,8 +71,8 @@ def test_fsdp_shards_train_to_the_same_parameters_as_one_process(tmp_path):
 def test_fsdp_checkpoints_resume_to_the_same_shards_as_an_uninterrupted_run(tmp_path):
     # momentum: the optimizer's sharded state must come back too
     common = ["model=mlp", "optimizer.schedule=constant", "batch_size=8"]
-    whole = spawn_ranks(tmp_path / "whole", [*common, "max_steps=6"], worker=train_sharded)
-    spawn_ranks(tmp_path / "parts", [*common, "max_steps=3"], worker=train_sharded)
+    whole = two_ranks(tmp_path / "whole", [*common, "max_steps=6"], worker=train_sharded)
+    two_ranks(tmp_path / "parts", [*common, "max_steps=3"], worker=train_sharded)
     first = load_checkpoint(latest_checkpoint(tmp_path / "parts" / "rank0" / "checkpoints"))
     assert first["position"]["step"] == 3
     full, shard = first["model"]["1.weight"], whole[0]["shards"]["1.weight"]
@@ -83,7 +82,7 @@ def test_fsdp_checkpoints_resume_to_the_same_shards_as_an_uninterrupted_run(tmp_
     step_3 = tmp_path / "parts" / "rank0" / "checkpoints" / "step_000000003"
     assert sorted(p.name for p in step_3.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     # the same folder again, 6 steps: resume=auto continues from step 3
-    parts = spawn_ranks(tmp_path / "parts", [*common, "max_steps=6"], worker=train_sharded)
+    parts = two_ranks(tmp_path / "parts", [*common, "max_steps=6"], worker=train_sharded)
     assert parts[0]["summary"]["steps"] == 6
     # steps 4-6, not 1-6 (set_optimizer_state_dict may take one zero-gradient step to
     # create the optimizer's state before loading it)
@@ -146,7 +145,7 @@ def grad_norms(recorded: dict) -> list[float]:
 def test_2_ranks_on_the_gpt_with_clipping_reach_one_process_parameters(
     tmp_path, gpt_one_process, gears
 ):
-    ranks = spawn_ranks(tmp_path, [*GPT_CLIPPED, *gears, "batch_size=8"], worker=train_recorded)
+    ranks = two_ranks(tmp_path, [*GPT_CLIPPED, *gears, "batch_size=8"], worker=train_recorded)
     one = gpt_one_process
     norms = grad_norms(one)
     assert len(norms) == 4 and min(norms) > 0.1  # every step clipped
@@ -170,7 +169,7 @@ def test_2_ranks_on_the_gpt_with_clipping_reach_one_process_parameters(
 
 
 def test_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
-    ranks = spawn_ranks(tmp_path, ["model=mlp", "accum=4", "data.num_samples=320", "epochs=1"])
+    ranks = two_ranks(tmp_path, ["model=mlp", "accum=4", "data.num_samples=320", "epochs=1"])
     for rank in ranks:
         # 320 samples / 2 ranks / batch 16 = 10 micro-batches: windows of 4, 4, 2 -> 3 steps
         assert rank["steps"] == 3
@@ -342,7 +341,7 @@ def test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters(tmp
     train = ["model=simple_cnn", *TINY_CLI, "data.image_size=16", "max_steps=60"]
     train += ["checkpoint.every_n_steps=5", "resume=auto"]
     whole = tmp_path / "whole"  # the uninterrupted run, its 2 ranks forked from this process
-    spawn_ranks(whole, train, worker=train_recorded)
+    two_ranks(whole, train, worker=train_recorded)
 
     killed = tmp_path / "killed"
     killed.mkdir()

@@ -11,7 +11,7 @@ import pytest
 import torch
 from distributed_workers import train_recorded
 from helpers import make_cfg
-from test_distributed import GPT_CLIPPED, spawn_ranks
+from test_distributed import GPT_CLIPPED, two_ranks
 from test_tokens import grammar_text, prepare_text
 
 from gearshift import generate as generate_cli
@@ -227,7 +227,7 @@ def test_gpt2_byte_pairs_through_tiktoken_prepare_train_and_generate(tiny_gpt2, 
 def test_samples_under_2_ranks_are_logged_once_by_rank_0(tmp_path, strategy):
     # DDP: rank 0 samples alone; FSDP: every rank takes part in the forward passes (sharded
     # weights), so neither hangs, and rank 0's metrics.csv holds each sample once
-    spawn_ranks(tmp_path, [*GPT_CLIPPED, f"distributed={strategy}", "batch_size=8",
+    two_ranks(tmp_path, [*GPT_CLIPPED, f"distributed={strategy}", "batch_size=8",
                            "max_steps=2", "val_every_n_steps=1", "task.sample_every=1",
                            "task.sample_tokens=5", "logger=csv"], worker=train_recorded)  # fmt: skip
     with (tmp_path / "rank0" / "metrics.csv").open(newline="") as file:

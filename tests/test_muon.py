@@ -11,7 +11,7 @@ from distributed_workers import train_recorded
 from helpers import free_port, make_cfg, run_train
 from omegaconf import OmegaConf
 from test_checkpoint import assert_same_parameters
-from test_distributed import GPT_CLIPPED, spawn_ranks
+from test_distributed import GPT_CLIPPED, two_ranks
 
 from gearshift.build import build_parts
 from gearshift.config import ConfigError
@@ -112,7 +112,7 @@ def assert_near_the_update(
 
 
 def test_2_ranks_under_ddp_with_muon_reach_one_process_with_the_doubled_batch(tmp_path):
-    ranks = spawn_ranks(
+    ranks = two_ranks(
         tmp_path / "ddp", [*MUON_GPT, "distributed=ddp", "batch_size=8"], worker=train_recorded
     )
     one = one_process(tmp_path / "one", [*MUON_GPT, "batch_size=16"])
@@ -128,11 +128,11 @@ def test_fsdp_shards_step_with_muon_and_resume_to_one_process_with_the_doubled_b
     # two steps, a checkpoint, then the third after a resume: the sharded Muon momentum
     # must come back (lost, the third update would point elsewhere)
     sharded = [*MUON_GPT, "distributed=fsdp", "batch_size=8"]
-    spawn_ranks(tmp_path / "fsdp", [*sharded, "max_steps=2"], worker=train_recorded)
+    two_ranks(tmp_path / "fsdp", [*sharded, "max_steps=2"], worker=train_recorded)
     saved = load_checkpoint(latest_checkpoint(tmp_path / "fsdp/rank0/checkpoints"))["optimizer"]
     buffers = [v["momentum_buffer"] for k, v in saved["state"].items() if "momentum_buffer" in v]
     assert len(buffers) == 8 and all(b.dim() == 2 and b.abs().sum() > 0 for b in buffers)
-    ranks = spawn_ranks(tmp_path / "fsdp", [*sharded, "max_steps=3"], worker=train_recorded)
+    ranks = two_ranks(tmp_path / "fsdp", [*sharded, "max_steps=3"], worker=train_recorded)
     assert ranks[0]["summary"]["steps"] == 3
     assert ranks[0]["summary"]["gears"]["distributed"] == "fsdp"
     one = one_process(tmp_path / "one", [*MUON_GPT, "batch_size=16"])

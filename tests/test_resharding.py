@@ -15,7 +15,7 @@ from distributed_workers import (
     train_recording_samples,
     train_sharded,
 )
-from helpers import free_port, make_cfg, recording_epoch_samples, start_ranks
+from helpers import make_cfg, on_ranks, recording_epoch_samples
 
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
@@ -25,25 +25,22 @@ COMMON = ["model=mlp", "optimizer=adamw", "optimizer.schedule=constant", "batch_
 COMMON += ["data.num_val_samples=0"]
 
 
-def spawn(worker, ranks: int, out: Path, overrides: list[str]) -> list[dict]:
-    start_ranks(worker, ranks, ranks, free_port(), str(out), overrides)
-    return [torch.load(p, weights_only=False) for p in sorted(out.glob("rank*.pt"))]
-
-
 def train(out: Path, ranks: int, strategy: str, *extra: str) -> Path:
     """3 steps on `ranks` ranks under `strategy`; the checkpoint they end with."""
     overrides = [*COMMON, "max_steps=3", *extra]
     if ranks == 1:
         fit(make_cfg(*overrides), out / "rank0")
     elif strategy == "fsdp":
-        spawn(train_sharded, ranks, out, overrides)
+        on_ranks(train_sharded, ranks, out, overrides)
     else:
-        spawn(count_allreduces, ranks, out, [*overrides, f"distributed={strategy}"])
+        on_ranks(count_allreduces, ranks, out, [*overrides, f"distributed={strategy}"])
     return latest_checkpoint(out / "rank0" / "checkpoints")
 
 
 def assert_restored_as_saved(checkpoint: Path, out: Path, ranks: int, strategy: str) -> None:
-    spawn(restored_state, ranks, out, [*COMMON, f"distributed={strategy}", f"resume={checkpoint}"])
+    on_ranks(
+        restored_state, ranks, out, [*COMMON, f"distributed={strategy}", f"resume={checkpoint}"]
+    )
     restored = torch.load(out / "restored.pt", weights_only=False)
     saved = load_checkpoint(checkpoint)  # consolidated in this process
     assert restored["strategy"] == (strategy if ranks > 1 else "none")
@@ -86,7 +83,7 @@ def test_2_ranks_x_16_resumed_as_1_x_32_take_each_sample_once_and_end_equal(tmp_
     # SGD with momentum (AdamW's division by its second moment magnifies rounding)
     data = ["model=mlp", "optimizer=sgd", "optimizer.schedule=constant", "epochs=1"]
     data += ["data.on_device=false", "dataloader.num_workers=0", "data.num_val_samples=0"]
-    ranks = spawn(
+    ranks = on_ranks(
         train_recording_samples, 2, tmp_path / "parts", [*data, "batch_size=16", "max_steps=3"]
     )
     before = [i for rank in ranks for i in rank["taken"]]
