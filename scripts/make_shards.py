@@ -46,7 +46,7 @@ from gearshift.data.decode import JPEG_MAGIC, UnreadableImage, choose_decoder
 from gearshift.data.images import IMAGE_EXTENSIONS, index_class_folders, split_by_class
 from gearshift.data.resized import stored_side
 from gearshift.data.shards import INDEX, INDEX_FORMAT, write_shards
-from gearshift.data.tar_index import index_from_headers
+from gearshift.data.tar_index import index_from_headers, name_split
 
 log = logging.getLogger("make_shards")
 
@@ -168,6 +168,13 @@ def index_shards(src: Path, label_key: str = "auto") -> dict:
         raise ConfigError(f"SRC={str(src)!r} is not allowed; no such folder")
     folders = {"train": src / "train", "val": src / "val"} if (src / "train").is_dir() else {}
     folders = {k: v for k, v in folders.items() if v.is_dir()} or {"train": src}
+    held_out = [f.name for f in sorted(src.glob("*.tar")) if name_split(f) in ("val", "test")]
+    if folders["train"] == src and held_out:  # one index.json would train on them
+        raise ConfigError(
+            f"SRC={str(src)!r} is not allowed; its shards' names mark their splits "
+            f"({held_out[0]}, ...): data=shards reads such a folder as it is; to index it, "
+            "move them into SRC/train and SRC/val"
+        )
     for folder in folders.values():
         if (folder / INDEX).exists():
             raise ConfigError(f"SRC={str(src)!r} is not allowed; {folder / INDEX} exists already")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import shutil
 import tarfile
@@ -244,3 +245,171 @@ def test_the_shard_list_is_checked_at_start(tmp_path):
         check_config(
             foreign_cfg(f"{tmp_path}/wds/{{000000..000000}}.tar", f"data.stage_to={tmp_path}/s")
         )
+
+
+def cut_or_overwrite(tar: Path, damage: str) -> str:
+    """Damage the tar as a partial copy (or a bad write) does; the end of the line naming it."""
+    with tarfile.open(tar) as handle:
+        image, before = handle.getmember("s00009.jpg"), handle.getmember("s00008.cls")
+    data = tar.read_bytes()
+    if damage == "in-member":  # cut inside an image's bytes
+        tar.write_bytes(data[: image.offset_data + 10])
+        return (
+            f"is truncated: it holds {image.offset_data + 10} bytes, member s00009.jpg ends at "
+            f"byte {image.offset_data + image.size}; copy or write it again"
+        )
+    if damage == "in-header":  # cut inside the header after a member: tarfile stops there
+        tar.write_bytes(data[: image.offset + 100])
+        return (
+            f"is truncated: it holds {image.offset + 100} bytes and ends after member "
+            f"s00008.cls (byte {image.offset}), where a header or the end-of-archive blocks "
+            "belong; copy or write it again"
+        )
+    junk = data[: image.offset] + b"x" * 512 + data[image.offset + 512 :]
+    tar.write_bytes(junk)  # a header that does not parse: tarfile stops there too
+    assert before.offset < image.offset
+    return (
+        f"does not parse: the header at byte {image.offset}, after member s00008.cls, is not "
+        "a tar header; write it again"
+    )
+
+
+@pytest.mark.parametrize("damage", ["in-member", "in-header", "header"])
+def test_a_tar_cut_short_or_overwritten_stops_at_start_naming_the_member_and_byte(tmp_path, damage):
+    write_foreign(tmp_path / "wds", "cls")  # 000001.tar holds s00006..s00011
+    tar = tmp_path / "wds/000001.tar"
+    ending = cut_or_overwrite(tar, damage)
+    cfg = foreign_cfg(tmp_path / "wds")
+    check_config(cfg)
+    with pytest.raises(ConfigError) as error:
+        build_data(cfg, CPU)
+    assert str(error.value) == (
+        f"data.path='{tmp_path / 'wds'}' is not allowed; shard {tar} {ending}"
+    ), str(error.value)
+
+
+def test_a_cached_index_does_not_hide_a_tar_cut_short_since(tmp_path):
+    write_foreign(tmp_path / "wds", "cls")
+    cfg = foreign_cfg(tmp_path / "wds", "data.decoder=pil")
+    train, _ = build_data(cfg, CPU)
+    assert len(train.loader.dataset) == 21  # every tar indexed and cached
+    tar = tmp_path / "wds/000001.tar"
+    status = tar.stat()
+    tar.write_bytes(tar.read_bytes()[: status.st_size // 2])  # a partial copy over it
+    os.utime(tar, ns=(status.st_atime_ns, status.st_mtime_ns))  # with the old mtime kept
+    with pytest.raises(ConfigError, match=rf"shard {tar} is truncated: it holds 10240 bytes"):
+        build_data(cfg, CPU)
+
+
+@pytest.mark.parametrize("launcher", ["plain", "nproc_per_node"])
+def test_a_tar_cut_in_half_stops_the_run_with_one_line_and_exit_2(tmp_path, launcher):
+    write_foreign(tmp_path / "wds", "cls")
+    tar = tmp_path / "wds/000001.tar"
+    tar.write_bytes(tar.read_bytes()[: tar.stat().st_size // 2])
+    (tmp_path / "work").mkdir()
+    ranks = ["distributed.nproc_per_node=2"] if launcher == "nproc_per_node" else []
+    result = run_train(
+        "data=shards", f"data.path={tmp_path / 'wds'}", "data.num_classes=3",
+        "data.image_size=16", "model=simple_cnn", "batch_size=4", "max_steps=3", *ranks,
+        "device=cpu", "logger=none", "progress_bar=false",
+        cwd=tmp_path / "work", env={"GEARSHIFT_CACHE": str(tmp_path / "cache")},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip() == (
+        f"error: data.path='{tmp_path / 'wds'}' is not allowed; shard {tar} is truncated: it "
+        "holds 10240 bytes and ends after member s00009.cls (byte 10240), where a header or the "
+        "end-of-archive blocks belong; copy or write it again"
+    )
+    assert list((tmp_path / "work").iterdir()) == []  # no run folder
+
+
+def write_named(folder: Path, splits: dict[str, int]) -> None:
+    """`<split>-000000.tar`, ... in one folder: `splits` samples each, 5 to a tar."""
+    for split, samples in splits.items():
+        write_foreign(folder, "cls", samples=samples, per_tar=5, name=split + "-{:06d}")
+
+
+def test_a_folder_of_train_and_val_shards_splits_by_their_names(tmp_path, caplog):
+    write_named(tmp_path / "wds", {"train": 20, "val": 5, "test": 10})
+    with caplog.at_level(logging.INFO, logger="gearshift"):
+        train, val = build_data(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
+    train_files, val_files = train.loader.dataset.samples.files, val.loader.dataset.samples.files
+    assert len(train.loader.dataset) == 20 and len(val.loader.dataset) == 5
+    assert [Path(f).name for f in train_files] == [f"train-{n:06d}.tar" for n in range(4)]
+    assert [Path(f).name for f in val_files] == ["val-000000.tar"]
+    logged = [r.getMessage() for r in caplog.records]
+    assert (
+        f"data: 20 training and 5 validation samples in 4 + 1 shards from {tmp_path / 'wds'}"
+        in logged
+    )
+    assert (
+        f"data: 2 test shards in {tmp_path / 'wds'} left out (neither trained on nor validated)"
+        in logged
+    )
+    # make_shards.py --index would put them in one index.json, one split: refused
+    assert make_shards_main([str(tmp_path / "wds"), "--index"]) == 2
+    assert not (tmp_path / "wds" / INDEX).exists()
+
+
+def test_unnamed_shards_all_train_and_data_val_path_names_the_validation_shards(tmp_path):
+    write_foreign(tmp_path / "wds", "cls", samples=12)  # 000000.tar, 000001.tar
+    write_named(tmp_path / "held", {"val": 10})
+    train, val = build_data(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
+    assert len(train.loader.dataset) == 12 and val is None  # as before: no validation
+    val_path = f"{tmp_path}/held/val-{{000000..000001}}.tar"
+    cfg = foreign_cfg(tmp_path / "wds", "data.decoder=pil", f"data.val_path='{val_path}'")
+    check_config(cfg)
+    train, val = build_data(cfg, CPU)
+    assert len(train.loader.dataset) == 12 and len(val.loader.dataset) == 10
+    # a brace list for each split
+    cfg = foreign_cfg(f"{tmp_path}/wds/{{000000..000000}}.tar", f"data.val_path='{val_path}'")
+    train, val = build_data(cfg, CPU)
+    assert len(train.loader.dataset) == 6 and len(val.loader.dataset) == 10
+
+
+@pytest.mark.parametrize("problem", ["unmarked", "no-train", "two-val", "val-path", "damaged-val"])
+def test_bad_split_layouts_stop_at_start_with_one_line(tmp_path, problem):
+    folder, overrides = tmp_path / "wds", []
+    layouts = {"no-train": {"val": 5}, "damaged-val": {"train": 10}}
+    write_named(folder, layouts.get(problem, {"train": 10, "val": 5}))
+    if problem == "unmarked":
+        write_foreign(folder, "cls", samples=3)  # 000000.tar
+        expected = (
+            f"data.path='{folder}' is not allowed; its shards' names mark their splits "
+            "(train-*, val-*, validation-*, test-*) but 000000.tar marks none: rename it or "
+            "move it out"
+        )
+    elif problem == "no-train":
+        expected = (
+            f"data.path='{folder}' is not allowed; its shards' names mark no training shards "
+            "(train-*.tar), only val-*"
+        )
+    elif problem == "two-val":
+        overrides = [f"data.val_path={folder / 'val-000000.tar'}"]
+        expected = (
+            f"data.val_path='{folder / 'val-000000.tar'}' is not allowed; data.path='{folder}' "
+            "holds validation shards already: leave data.val_path unset, or point data.path at "
+            "the training shards alone"
+        )
+    elif problem == "val-path":
+        with pytest.raises(ConfigError) as error:
+            check_config(foreign_cfg(folder, f"data.val_path={tmp_path}/nothing"))
+        assert str(error.value) == (
+            f"data.val_path='{tmp_path}/nothing' is not allowed; no such folder; expected a "
+            "shard folder, one .tar or a list of them ('/data/val-{000000..000099}.tar', "
+            "'/data/val-*.tar')"
+        )
+        return
+    else:  # a shard of data.val_path cut short: named by data.val_path
+        write_foreign(tmp_path / "held", "cls", samples=12)
+        ending = cut_or_overwrite(tmp_path / "held/000001.tar", "in-member")
+        overrides = [f"data.val_path={tmp_path / 'held'}"]
+        expected = (
+            f"data.val_path='{tmp_path / 'held'}' is not allowed; shard "
+            f"{tmp_path / 'held/000001.tar'} {ending}"
+        )
+    cfg = foreign_cfg(folder, *overrides)
+    check_config(cfg)
+    with pytest.raises(ConfigError) as error:
+        build_data(cfg, CPU)
+    assert str(error.value) == expected

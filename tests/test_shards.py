@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import load_script, make_cfg, run_train, stops_at_damaged_file
+from helpers import load_script, make_cfg, run_train, stops_at_damaged_file, train_in_process
 from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU, run_dir
 from test_images_uint8 import write_photos
@@ -194,6 +194,31 @@ def test_bad_shard_folders_stop_at_start_with_one_line(tmp_path, problem):
         assert expected in str(error.value), str(error.value)
         assert "\n" not in str(error.value)
     assert re.match(r"data\.(path|num_classes)=", str(error.value))
+
+
+def test_a_shard_cut_in_half_is_one_line_naming_its_first_lost_member_and_exit_2(tmp_path):
+    write_photos(tmp_path / "images", per_class=8)
+    make_shards(tmp_path / "images", tmp_path / "shards", shard_mb=0.006, val_fraction=0)
+    folder = tmp_path / "shards/train"
+    shard = json.loads((folder / INDEX).read_text())["shards"][1]
+    tar = folder / shard["file"]
+    half = tar.stat().st_size // 2
+    tar.write_bytes(tar.read_bytes()[:half])
+    ends = [o + s for o, s in zip(shard["offsets"], shard["sizes"], strict=True)]
+    lost = next(n for n, end in enumerate(ends) if end > half)  # the first member past the cut
+    (tmp_path / "work").mkdir()
+    result = train_in_process(
+        "data=shards", f"data.path={tmp_path / 'shards'}", "data.num_classes=3",
+        "data.image_size=16", "model=simple_cnn", "batch_size=4", "max_steps=3", "logger=none",
+        "progress_bar=false", cwd=tmp_path / "work",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert [line for line in result.stderr.splitlines() if line] == [
+        f"error: data.path='{tmp_path / 'shards'}' is not allowed; shard {tar} holds {half} "
+        f"bytes, its index says at least {max(ends)}: member {shard['members'][lost]} ends at "
+        f"byte {ends[lost]}, past the end; the shard is truncated; write it again"
+    ]
+    assert list((tmp_path / "work").iterdir()) == []  # no run folder
 
 
 def test_the_stream_reads_any_shard_from_any_member_on_in_file_order(tmp_path, monkeypatch):

@@ -100,6 +100,7 @@ def _check_disk_data(cfg: DictConfig, name: str) -> None:
     if name == "shards":
         _check_decoder(data)
         _check_label_key(data)
+        _check_val_path(data)
     check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
     allowed_channels = (3,) if name == "cifar10" else (1, 3)
     if data.channels not in allowed_channels:
@@ -145,17 +146,33 @@ def _check_label_key(data: DictConfig) -> None:
 
 def _check_shard_list(data: DictConfig) -> None:
     """data=shards: data.path names tars (one, a brace list, a glob), read where it is."""
-    path = str(data.path)
-    if not (path.endswith(".tar") or any(c in path for c in "{*?")):
-        what = "not a folder" if Path(path).expanduser().exists() else "no such folder"
-        fail(
-            "data.path",
-            data.path,
-            f"{what}; expected a shard folder, one .tar or a list of them "
-            "('/data/train-{000000..000099}.tar', '/data/train-*.tar')",
-        )
+    _check_tars("data.path", data.path, "train")
     if data.stage_to:
         fail("data.stage_to", data.stage_to, "it stages a shard folder; data.path names tars")
+
+
+def _check_tars(key: str, value: object, split: str) -> None:
+    """A shard folder, one .tar or a list of them (a brace list, a glob)."""
+    path = str(value)
+    if Path(path).expanduser().is_dir() or path.endswith(".tar") or any(c in path for c in "{*?"):
+        return
+    what = "not a folder" if Path(path).expanduser().exists() else "no such folder"
+    fail(
+        key,
+        value,
+        f"{what}; expected a shard folder, one .tar or a list of them "
+        f"('/data/{split}-{{000000..000099}}.tar', '/data/{split}-*.tar')",
+    )
+
+
+def _check_val_path(data: DictConfig) -> None:
+    """data=shards: data.val_path, the validation shards where data.path holds none."""
+    value = data.get("val_path")
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        fail("data.val_path", value, "expected a shard folder, one .tar or a list of them")
+    _check_tars("data.val_path", value, "val")
 
 
 def _check_decoding(data: DictConfig) -> None:

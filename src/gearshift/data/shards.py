@@ -9,7 +9,9 @@ the file, so a reader knows the lengths without opening a tar and reads any samp
 shard from any member on, with one seek (docs/gears.md, "Sharded images"). Shards written by
 other tools, without index.json, get the same index from their tar headers
 (data/tar_index.py: cached outside the data folder; labels from `data.label_key`), also
-when `data.path` is one tar or a brace list (`/data/train-{000000..000099}.tar`).
+when `data.path` is one tar or a brace list (`/data/train-{000000..000099}.tar`); a folder
+of `train-*.tar` + `val-*.tar` splits by the names, and `data.val_path` names the validation
+shards where `data.path` holds none (`split_sources`).
 
 Reading (`ShardImages`): a sample is one `os.pread` of its image bytes out of the shard
 (each process opens the shards it touches once), decoded by data/decode.py's decoders into
@@ -42,7 +44,7 @@ from gearshift.config import ConfigError
 from gearshift.data.decode import ImageDecoder, UnreadableImage, centre_square, choose_decoder
 from gearshift.data.images import device_stage, host_transform, take
 from gearshift.data.streams import Stream
-from gearshift.data.tar_index import index_from_headers, shard_files
+from gearshift.data.tar_index import index_from_headers, shard_files, splits_by_name
 
 log = logging.getLogger(__name__)
 
@@ -171,57 +173,71 @@ def write_shards(
 # ---------------------------------------------------------------- reading
 
 
-def _bad(path: Path | str, reason: str) -> ConfigError:
-    return ConfigError(f"data.path={str(path)!r} is not allowed; {reason}")
+def _bad(named: str, reason: str) -> ConfigError:
+    return ConfigError(f"{named} is not allowed; {reason}")
 
 
-def read_index(folder: Path, key_value: str) -> dict[str, Any]:
-    """A split's index.json, checked against its shards (present, long enough); bad: ConfigError."""
+def read_index(folder: Path, named: str) -> dict[str, Any]:
+    """A split's index.json, checked against its shards (present, long enough); bad:
+    ConfigError, starting with `named` (`data.path='...'`)."""
     file = folder / INDEX
     try:
         index = json.loads(file.read_text())
     except (OSError, ValueError) as error:
-        raise _bad(key_value, f"{file} cannot be read: {error}") from None
+        raise _bad(named, f"{file} cannot be read: {error}") from None
     if index.get("format") != INDEX_FORMAT:
-        raise _bad(key_value, f"{file} is not a {INDEX_FORMAT} index")
+        raise _bad(named, f"{file} is not a {INDEX_FORMAT} index")
     shards = index.get("shards") or []
     if not shards or not any(s["samples"] for s in shards):
-        raise _bad(key_value, f"{file} lists no shards (an empty shard list)")
-    _check_lengths(folder, index, key_value, f"listed in {file}", "its index says")
+        raise _bad(named, f"{file} lists no shards (an empty shard list)")
+    _check_lengths(folder, index, named, f"listed in {file}", "its index says")
     return index
 
 
-def _check_lengths(folder: Path, index: dict[str, Any], key_value: str, listed: str, says: str):
+def _check_lengths(folder: Path, index: dict[str, Any], named: str, listed: str, says: str):
     for shard in index["shards"]:
         path = folder / shard["file"]
-        end = max((o + s for o, s in zip(shard["offsets"], shard["sizes"], strict=True)), default=0)
+        ends = [o + s for o, s in zip(shard["offsets"], shard["sizes"], strict=True)]
         if not path.is_file():
-            raise _bad(key_value, f"shard {path} {listed} does not exist")
-        if path.stat().st_size < end:  # cut short: the samples past the end are gone
+            raise _bad(named, f"shard {path} {listed} does not exist")
+        length = path.stat().st_size
+        if length < max(ends, default=0):  # cut short: the samples past the end are gone
+            first = next(n for n, end in enumerate(ends) if end > length)
             raise _bad(
-                key_value,
-                f"shard {path} holds {path.stat().st_size} bytes, {says} at least "
-                f"{end}: the shard is truncated; write it again",
+                named,
+                f"shard {path} holds {length} bytes, {says} at least {max(ends)}: member "
+                f"{shard['members'][first]} ends at byte {ends[first]}, past the end; "
+                "the shard is truncated; write it again",
             )
 
 
 def read_split(
-    where: Path | str, key_value: str, label_key: str, classes: list[str] | None = None
-) -> dict[str, Any]:
-    """A split's index: its index.json where there is one (make_shards.py's), else built
-    from the tar headers of the shards `where` names (data/tar_index.py): a folder of tars,
-    one tar or a brace list. "classes" None: integer labels, counted by data.num_classes."""
-    folder = Path(where).expanduser()
-    if folder.is_dir() and (folder / INDEX).is_file():
-        return read_index(folder, key_value)
-    files = shard_files(str(where))
-    if not files:
-        raise _bad(key_value, f"{folder} holds no shards (.tar files)")
-    index = index_from_headers(files, label_key, key_value, classes)
+    where: Path | str | list[Path],
+    source: str,
+    label_key: str,
+    classes: list[str] | None = None,
+    setting: str = "data.path",
+) -> tuple[dict[str, Any], Path]:
+    """A split's index and the folder its shard names are relative to: its index.json where
+    `where` is a folder with one (make_shards.py's), else built from the tar headers of the
+    shards `where` names (data/tar_index.py): a folder of tars, one tar, a brace list, or
+    the files themselves. "classes" None: integer labels, counted by data.num_classes.
+    Errors name `setting`=`source`."""
+    named = f"{setting}={source!r}"
+    if isinstance(where, list):
+        files = where
+    else:
+        folder = Path(where).expanduser()
+        if folder.is_dir() and (folder / INDEX).is_file():
+            return read_index(folder, named), folder
+        files = shard_files(str(where), setting)
+        if not files:
+            raise _bad(named, f"{folder} holds no shards (.tar files)")
+    index = index_from_headers(files, label_key, source, classes, setting)
     if not any(s["samples"] for s in index["shards"]):
-        raise _bad(key_value, f"its {len(files)} shards hold no samples")
-    _check_lengths(Path(), index, key_value, "", "its tar headers say")
-    return index
+        raise _bad(named, f"its {len(files)} shards hold no samples")
+    _check_lengths(Path(), index, named, "", "its tar headers say")
+    return index, Path()
 
 
 class ShardSamples:
@@ -350,27 +366,23 @@ def shards(
     decoder: str = "auto",
     streaming: bool = False,
     label_key: str = "auto",
+    val_path: str | None = None,
 ) -> tuple[ShardImages | ShardStream, ShardImages | ShardStream | None]:
-    """`data=shards`: `path`/train/ (and `path`/val/ when present), as make_shards.py writes
-    them; or `path` itself holding one split's shards (no validation): a folder, one .tar
-    or a brace list. Without index.json the index comes from the tar headers, the labels
-    from the `label_key` members. Samples by index (`ShardImages`), or with `streaming` each
-    shard read in file order (`ShardStream`)."""
+    """`data=shards`: the splits `split_sources` finds at `path` (and `val_path`). Without
+    index.json the index comes from the tar headers, the labels from the `label_key`
+    members. Samples by index (`ShardImages`), or with `streaming` each shard read in file
+    order (`ShardStream`)."""
     data = SimpleNamespace(**locals())
-    root = Path(path).expanduser()
-    train_folder = root / "train" if (root / "train").is_dir() else root
-    folders = {"train": train_folder, "val": root / "val" if train_folder != root else None}
-    sets: dict[str, ShardImages | None] = {}
+    sets: dict[str, ShardImages | None] = {"train": None, "val": None}
     chosen, classes = None, None
-    for split, folder in folders.items():
-        if folder is None or (split == "val" and (not folder.is_dir() or num_val_samples == 0)):
-            sets[split] = None
+    for split, (where, setting, source) in split_sources(path, val_path).items():
+        if split == "val" and num_val_samples == 0:
             continue
-        where = path if folder == root else folder  # a brace list is no Path to join
-        index = read_split(where, path, label_key, classes)
-        _check_classes(index, num_classes, folder)
+        index, folder = read_split(where, source, label_key, classes, setting)
+        shown = where[0].parent if isinstance(where, list) else Path(where).expanduser()
+        _check_classes(index, num_classes, shown)
         classes = index["classes"]
-        samples = ShardSamples(folder if folder.is_dir() else Path(), index)
+        samples = ShardSamples(folder, index)
         limit = num_samples if split == "train" else num_val_samples
         samples.subset(take(len(samples), limit, split_seed))
         if chosen is None:
@@ -390,6 +402,45 @@ def shards(
     if streaming:
         return ShardStream(train), (ShardStream(val) if val is not None else None)
     return train, val
+
+
+Shards = Path | str | list[Path]  # a folder, a tar list (one .tar, a brace list, a glob), files
+
+
+def split_sources(path: str, val_path: str | None) -> dict[str, tuple[Shards, str, str]]:
+    """Each split's shards, with the setting and value that name them in errors:
+    `path`/train/ (+ `path`/val/), make_shards.py's layout; a folder whose shard names mark
+    their splits (train-*, val-*, validation-*; test-* is left out: neither trained on nor
+    validated); else `path` holds the training shards alone. `val_path`: the validation
+    shards, where `path` holds none."""
+    root = Path(path).expanduser()
+    found: dict[str, Shards | None]
+    if (root / "train").is_dir():
+        found = {"train": root / "train", "val": root / "val" if (root / "val").is_dir() else None}
+    elif root.is_dir() and not (root / INDEX).is_file():
+        named = splits_by_name(shard_files(path), path)
+        found = {"train": root, "val": None} if named is None else {
+            "train": named["train"], "val": named["val"] or None
+        }  # fmt: skip
+        if named is not None and named["test"]:
+            log.info(
+                "data: %d test shards in %s left out (neither trained on nor validated)",
+                len(named["test"]), path,
+            )  # fmt: skip
+    else:  # make_shards.py's one split with index.json, or a tar list
+        found = {"train": root if root.is_dir() else path, "val": None}
+    splits = {
+        split: (where, "data.path", path) for split, where in found.items() if where is not None
+    }
+    if val_path is not None:
+        if "val" in splits:
+            raise ConfigError(
+                f"data.val_path={val_path!r} is not allowed; data.path={path!r} holds "
+                "validation shards already: leave data.val_path unset, or point data.path at "
+                "the training shards alone"
+            )
+        splits["val"] = (val_path, "data.val_path", val_path)
+    return splits
 
 
 def _check_classes(index: dict[str, Any], num_classes: int, folder: Path) -> None:

@@ -8,14 +8,17 @@ holds; the label comes from `data.label_key`: `cls` or `txt` (an integer, or a c
 `json` (its "label" field) or `json.<field>`; `auto` takes the first of cls, txt, json.
 
 Building reads every header and the small label members, never an image: tarfile steps
-from header to header with a seek over each member's data. One index per tar is cached
-outside the data folder (which may be read-only): under `$GEARSHIFT_CACHE` or
-`$XDG_CACHE_HOME/gearshift` (~/.cache/gearshift), keyed by the tar's absolute path, size,
-mtime and the label key, so a changed tar is indexed again and the others are not.
+from header to header with a seek over each member's data. A tar cut short (a partial copy)
+is refused there: tarfile would stop quietly at the cut and lose the members after it. One
+index per tar is cached outside the data folder (which may be read-only): under
+`$GEARSHIFT_CACHE` or `$XDG_CACHE_HOME/gearshift` (~/.cache/gearshift), keyed by the tar's
+absolute path, size, mtime and the label key, so a changed tar is indexed again and the
+others are not.
 
 Shard lists are written as webdataset users write them: a folder of tars, one tar, or a
 brace list `/data/train-{000000..000099}.tar` (ranges zero-padded as written, `{a,b}`),
-or a glob `/data/train-*.tar`.
+or a glob `/data/train-*.tar`. In one folder the names say the splits, as those tools
+write them (`train-000000.tar`, `val-000000.tar`; `splits_by_name`).
 
 Why not the `webdataset` package: its reader is a sequential iterator over tar streams
 (no member offsets), while data=shards reads any sample with one `os.pread` and resumes a
@@ -46,6 +49,9 @@ AUTO_LABEL_KEYS = ("cls", "txt", "json")  # data.label_key=auto: the first a sam
 CACHE_FORMAT = "gearshift-tar-index/1"
 LABEL_KEY = re.compile(r"auto|[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)?")
 GZIP_MAGIC = b"\x1f\x8b"
+# The words of a shard's name that mark its split, as webdataset's and img2dataset's users
+# name them; "test" shards are neither trained on nor validated (held out for the end).
+SPLIT_WORDS = {"train": "train", "val": "val", "valid": "val", "validation": "val", "test": "test"}
 
 
 def expand_braces(pattern: str) -> list[str]:
@@ -92,6 +98,35 @@ def shard_files(path: str, key: str = "data.path") -> list[Path]:
     return files
 
 
+def name_split(file: Path) -> str | None:
+    """The split a shard's name marks: "train", "val" or "test" where a word of it (between
+    -, _ and .) is one of SPLIT_WORDS (`train-000000.tar`, `imagenet-validation-03.tar`)."""
+    words = re.split(r"[-_.]", file.name.lower())
+    return next((SPLIT_WORDS[w] for w in words if w in SPLIT_WORDS), None)
+
+
+def splits_by_name(files: list[Path], source: str) -> dict[str, list[Path]] | None:
+    """A folder's shards by the split their names mark, {"train": [...], "val": [...],
+    "test": [...]}; None where no name marks one (`000000.tar`, ...: one training split)."""
+    marked = {file: name_split(file) for file in files}
+    if not any(marked.values()):
+        return None
+    unmarked = [file.name for file, split in marked.items() if split is None]
+    if unmarked:
+        raise ConfigError(
+            f"data.path={source!r} is not allowed; its shards' names mark their splits "
+            f"(train-*, val-*, validation-*, test-*) but {unmarked[0]} marks none: rename it "
+            "or move it out"
+        )
+    splits = {split: [f for f in files if marked[f] == split] for split in ("train", "val", "test")}
+    if not splits["train"]:
+        raise ConfigError(
+            f"data.path={source!r} is not allowed; its shards' names mark no training shards "
+            f"(train-*.tar), only {', '.join(s + '-*' for s in splits if splits[s])}"
+        )
+    return splits
+
+
 def split_name(name: str) -> tuple[str, str] | None:
     """(key, extension) of a member's path as WebDataset splits it; None: no extension."""
     folder, _, base = name.rpartition("/")
@@ -121,22 +156,18 @@ def _label_value(raw: bytes, label_key: str, where: str) -> int | str:
     return int(text) if re.fullmatch(r"-?\d+", text) else text
 
 
-def scan_tar(path: Path, label_key: str, source: str) -> dict[str, Any]:
+def scan_tar(path: Path, label_key: str, source: str, setting: str = "data.path") -> dict[str, Any]:
     """One tar's index entry from its headers: the image members' offsets and sizes, and the
-    labels (read from their small members)."""
+    labels (read from their small members). Bad: ConfigError naming `setting`=`source`."""
     with open(path, "rb") as handle:
         if handle.read(2) == GZIP_MAGIC:
             raise ConfigError(
-                f"data.path={source!r} is not allowed; shard {path} is compressed (gzip): "
+                f"{setting}={source!r} is not allowed; shard {path} is compressed (gzip): "
                 "data=shards seeks into uncompressed tars; gunzip it"
             )
-    samples: dict[str, dict[str, tarfile.TarInfo]] = {}
     try:
         with tarfile.open(path, "r:") as tar:
-            for info in tar:  # header by header; the data between is skipped with a seek
-                named = split_name(info.name) if info.isfile() else None
-                if named is not None:
-                    samples.setdefault(named[0], {})[named[1]] = info
+            samples = _read_headers(tar, path, f"{setting}={source!r}")
             members, offsets, sizes, labels = [], [], [], []
             for key, parts in samples.items():
                 image = next((e for e in IMAGE_KEYS if e in parts), None)
@@ -144,7 +175,7 @@ def scan_tar(path: Path, label_key: str, source: str) -> dict[str, Any]:
                 label = next((e for e in wanted if e in parts), None)
                 if image is None:
                     raise ConfigError(
-                        f"data.path={source!r} is not allowed; sample {path}:{key} holds "
+                        f"{setting}={source!r} is not allowed; sample {path}:{key} holds "
                         f"{', '.join(sorted(parts))}: no image ({', '.join(IMAGE_KEYS)})"
                     )
                 if label is None:
@@ -164,7 +195,7 @@ def scan_tar(path: Path, label_key: str, source: str) -> dict[str, Any]:
                 sizes.append(parts[image].size)
     except (tarfile.TarError, OSError) as error:
         raise ConfigError(
-            f"data.path={source!r} is not allowed; shard {path} is not a readable tar "
+            f"{setting}={source!r} is not allowed; shard {path} is not a readable tar "
             f"({type(error).__name__}: {error}); write it again"
         ) from None
     return {
@@ -175,6 +206,58 @@ def scan_tar(path: Path, label_key: str, source: str) -> dict[str, Any]:
         "sizes": sizes,
         "labels": labels,
     }
+
+
+def _read_headers(
+    tar: tarfile.TarFile, path: Path, named: str
+) -> dict[str, dict[str, tarfile.TarInfo]]:
+    """The tar's file members by sample key and extension, read header by header (the data
+    between is skipped with a seek); a member past the file's end, or a file that ends
+    without the end-of-archive blocks, is a shard cut short (a partial copy): ConfigError."""
+    length = path.stat().st_size
+    samples: dict[str, dict[str, tarfile.TarInfo]] = {}
+    last = None
+    for info in tar:
+        end = info.offset_data + info.size
+        if end > length:
+            raise _truncated(named, path, length, f", member {info.name} ends at byte {end}")
+        key_extension = split_name(info.name) if info.isfile() else None
+        if key_extension is not None:
+            key, extension = key_extension
+            samples.setdefault(key, {})[extension] = info
+        last = info
+    _check_end(tar, path, named, length, last)
+    return samples
+
+
+def _truncated(named: str, path: Path, length: int, what: str) -> ConfigError:
+    return ConfigError(
+        f"{named} is not allowed; shard {path} is truncated: it holds {length} "
+        f"bytes{what}; copy or write it again"
+    )
+
+
+def _check_end(
+    tar: tarfile.TarFile, path: Path, named: str, length: int, last: tarfile.TarInfo | None
+) -> None:
+    """After the last header tarfile read, the end-of-archive blocks (zeros): tarfile stops
+    quietly at the end of the file or at a header it cannot parse, which is how a shard cut
+    short (a partial copy) or overwritten looks: the members after it would be lost."""
+    after = f"member {last.name}" if last is not None else "the start"
+    assert tar.fileobj is not None
+    tar.fileobj.seek(tar.offset)
+    block = tar.fileobj.read(tarfile.BLOCKSIZE)
+    if len(block) < tarfile.BLOCKSIZE:
+        raise _truncated(
+            named, path, length,
+            f" and ends after {after} (byte {tar.offset}), where a header or the "
+            "end-of-archive blocks belong",
+        )  # fmt: skip
+    if block.count(0) != len(block):
+        raise ConfigError(
+            f"{named} is not allowed; shard {path} does not parse: the header at "
+            f"byte {tar.offset}, after {after}, is not a tar header; write it again"
+        )
 
 
 def cache_root() -> Path:
@@ -191,7 +274,9 @@ def _cache_file(path: Path, label_key: str) -> Path:
     return cache_root() / "tar-index" / f"{path.stem}-{digest}.json"
 
 
-def _cached_scan(path: Path, label_key: str, source: str) -> tuple[dict[str, Any], bool]:
+def _cached_scan(
+    path: Path, label_key: str, source: str, setting: str
+) -> tuple[dict[str, Any], bool]:
     """(the tar's entry, whether it came from the cache); a cache that cannot be written is
     only logged (the next start indexes it again)."""
     cache = _cache_file(path, label_key)
@@ -201,7 +286,7 @@ def _cached_scan(path: Path, label_key: str, source: str) -> tuple[dict[str, Any
             return {**cached["entry"], "file": str(path)}, True
     except (OSError, ValueError, KeyError):
         pass
-    entry = scan_tar(path, label_key, source)
+    entry = scan_tar(path, label_key, source, setting)
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         temporary = cache.with_name(f"{cache.name}.tmp-{os.getpid()}")
@@ -213,17 +298,21 @@ def _cached_scan(path: Path, label_key: str, source: str) -> tuple[dict[str, Any
 
 
 def index_from_headers(
-    files: list[Path], label_key: str, source: str, classes: list[str] | None = None
+    files: list[Path],
+    label_key: str,
+    source: str,
+    classes: list[str] | None = None,
+    setting: str = "data.path",
 ) -> dict[str, Any]:
     """An index like index.json's for `files`: "classes" None where the labels are integers,
     else the sorted class names (or `classes`, a training split's, for validation) with the
     labels their positions."""
     if not files:
-        raise ConfigError(f"data.path={source!r} is not allowed; it holds no .tar files")
+        raise ConfigError(f"{setting}={source!r} is not allowed; it holds no .tar files")
     start, fresh = time.perf_counter(), 0
     shards = []
     for file in files:
-        entry, cached = _cached_scan(file, label_key, source)
+        entry, cached = _cached_scan(file, label_key, source, setting)
         fresh += not cached
         shards.append(entry)
     log.info(
@@ -239,7 +328,7 @@ def index_from_headers(
         unknown = [str(x) for x in shard["labels"] if str(x) not in positions]
         if unknown:
             raise ConfigError(
-                f"data.path={source!r} is not allowed; shard {shard['file']} has the class "
+                f"{setting}={source!r} is not allowed; shard {shard['file']} has the class "
                 f"{unknown[0]!r}, which the training shards lack"
             )
         shard["labels"] = [positions[str(x)] for x in shard["labels"]]
