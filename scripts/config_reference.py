@@ -117,8 +117,20 @@ def yaml_comments(path: Path) -> tuple[str, dict[str, str]]:
 
 
 def first_sentence(text: str) -> str:
-    match = re.match(r"(.+?[.;])(\s|$)", text)
-    return (match[1] if match else text).rstrip(".;")
+    """Up to the first `.` or `;` that ends a clause: one inside brackets does not."""
+    depth = 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char in ".;" and depth == 0 and text[i + 1 : i + 2].strip() == "":
+            return text[:i]
+    return text
+
+
+def package_of(path: Path, group: str) -> str:
+    """Where a conf file's keys go: its `# @package` ('' for `_global_`), else its group."""
+    match = re.search(r"^# @package (\S+)", path.read_text(), re.MULTILINE)
+    package = match[1] if match else "_group_"
+    return {"_global_": "", "_group_": group}.get(package, package)
 
 
 def value_text(value: Any) -> str:
@@ -266,8 +278,10 @@ def other_options(node: str, default: str | None) -> list[str]:
         if head:
             out += [head, ""]
         out += ["| key | value | meaning |", "|---|---|---|"]
-        for key, value in leaves(values, node).items():
-            meaning = comments.get(key.split(".")[1], "")
+        package = package_of(path, node)  # model=gpt2 is _global_: model.n_layer, data.block_size
+        for key, value in leaves(values, package).items():
+            in_file = key.removeprefix(f"{package}.") if package else key
+            meaning = comments.get(in_file.split(".")[0], "")
             out.append(f"| `{key}` | `{cell(value_text(value))}` | {cell(meaning)} |")
         out.append("")
     return out

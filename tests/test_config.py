@@ -6,7 +6,8 @@ import re
 
 import pytest
 import torch
-from helpers import CONF, make_cfg, run_train, train_in_process
+from helpers import CONF, TINY, make_cfg, run_train, train_in_process
+from omegaconf import OmegaConf
 
 from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
@@ -124,6 +125,14 @@ BAD_INPUT = [
         "memory_format='nchw' is not allowed; choose one of: channels_last, contiguous",
     ),
     ("batch_size=0", "batch_size=0 is not allowed; expected an integer >= 1 or auto"),
+    (  # true/false: on/off for a group with those options only
+        "memory_format=true",
+        "memory_format=true is not allowed; choose one of: channels_last, contiguous",
+    ),
+    (
+        "-m memory_format=contiguous,False",
+        "memory_format=False is not allowed; choose one of: channels_last, contiguous",
+    ),
     (
         "max_steps=-1",
         "max_steps=-1 is not allowed; expected an integer >= 1 (or null to turn it off)",
@@ -204,6 +213,35 @@ def test_a_bad_value_inside_a_sweep_stops_the_sweep_before_it_starts(tmp_path):
         == "error: amp='onn' is not allowed; choose one of: bf16, fp16, off, on"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("given", "worded"),
+    [
+        (["amp=true", "compile=False", "deterministic=true"], ["amp=on", "compile=off"]),
+        (["-m", "plan=TRUE", "profile=false,true"], ["-m", "plan=on", "profile=off,on"]),
+        (["-m", "amp=choice(true,bf16)", "--cfg", "job"], ["-m", "amp=choice(on,bf16)"]),
+    ],
+)
+def test_true_and_false_switch_a_switch_group_on_and_off(monkeypatch, given, worded):
+    monkeypatch.setattr("gearshift.app._plan", lambda cfg: None)  # plan=on: no plan here
+    argv = list(given)
+    preflight(CONF, argv=argv)  # rewritten in place: Hydra parses what preflight checked
+    assert argv[: len(worded)] == worded
+    assert argv[len(worded) :] == given[len(worded) :]  # keys and flags as they were
+
+
+def test_a_sweep_of_true_false_records_on_and_off(tmp_path):
+    argv = ["-m", "amp=true,false", "max_steps=1", "model=mlp", *TINY]
+    result = train_in_process(*argv, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [sweep] = (tmp_path / "multirun").iterdir()
+    task = OmegaConf.load(sweep / "multirun.yaml").hydra.overrides.task
+    assert list(task) == ["amp=on,off", *argv[2:]]
+    for job, (word, dtype) in enumerate([("on", "auto"), ("off", "none")]):
+        hydra_files = sweep / str(job) / ".hydra"
+        assert OmegaConf.load(hydra_files / "overrides.yaml")[0] == f"amp={word}"
+        assert OmegaConf.load(hydra_files / "config.yaml").amp.dtype == dtype
 
 
 class ModelWithDelay(torch.nn.Module):

@@ -14,7 +14,8 @@ import re
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, make_cfg
+from omegaconf import OmegaConf
 
 PACKAGE = "src/gearshift/"
 
@@ -137,6 +138,33 @@ def test_the_config_reference_lists_every_key_of_the_composed_config():
     assert [key for key in keys if f"| `{key}` |" not in text] == []
     # each group's options are its files in conf/, and a constant's values are listed
     assert "`amp=bf16|fp16|off|on`" in text and "`none`, `auto`, `bfloat16`, `float16`" in text
+
+
+def test_each_options_keys_in_the_config_reference_are_keys_it_composes():
+    config_reference = load_script("config_reference")
+    text = config_reference.reference()
+    sections = re.findall(r"^### `(\w+)=(\w+)`\n(.*?)(?=^#|\Z)", text, re.MULTILINE | re.DOTALL)
+    assert ("model", "gpt2") in [(node, option) for node, option, _ in sections]
+    for node, option, table in sections:
+        composed = make_cfg(f"{node}={option}", tiny=False)
+        keys = config_reference.leaves(OmegaConf.to_container(composed, resolve=False))
+        listed = re.findall(r"^\| `([^`]+)` \|", table, re.MULTILINE)
+        assert listed and [key for key in listed if key not in keys] == [], (node, option)
+        if option == "gpt2":  # `# @package _global_`: the config's own keys, not model.model.*
+            assert listed == [
+                "model.block_size", "model.n_layer", "model.n_head", "model.n_embd",
+                "data.block_size",
+            ]  # fmt: skip
+
+
+def test_a_presets_row_in_the_config_reference_keeps_its_brackets():
+    text = load_script("config_reference").reference()
+    rows = [line for line in text.splitlines() if re.match(r"\| `\w+=\w+` \| ", line)]
+    assert [row for row in rows if row.count("(") != row.count(")")] == []
+    assert (
+        "| `experiment=baseline` | The plain loop: every gear off "
+        "(the same as the defaults; named for sweeps) |"
+    ) in rows
 
 
 def load_script(name: str):

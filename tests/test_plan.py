@@ -18,7 +18,13 @@ from gearshift.batch_finder import TensorMemory, largest_fitting
 from gearshift.engine.optim import build_optimizers, clip_grad_norm
 from gearshift.engine.precision import resolve_amp
 from gearshift.models.factory import build_model
-from gearshift.observe.plan import log_plan, make_plan, resolve_target, trace
+from gearshift.observe.plan import (
+    log_plan,
+    make_plan,
+    resolve_target,
+    same_samples_a_step,
+    trace,
+)
 from gearshift.tasks import build_task
 from gearshift.trainer import fit
 
@@ -137,10 +143,44 @@ def test_the_roofline_is_bound_by_the_device_and_the_largest_batch_fills_the_hea
 def test_a_batch_too_large_for_the_device_names_the_memory_gears_not_on():
     plan = make_plan(make_cfg(*LM[:2], "batch_size=65536", "plan.device=t4", tiny=False))
     assert not plan.fits and plan.largest_batch_size < 65536
-    assert [gear.split(" ")[0] for gear in plan.advice] == [
+    assert [gear.split(" ")[0] for gear in plan.advice[:3]] == [
         "model.checkpointing=true", "amp=bf16", "distributed=fsdp",
-        f"batch_size={plan.largest_batch_size}",
     ]  # fmt: skip
+    batch, accum = split_of(plan.advice[3])
+    assert batch * accum == 65536 and batch <= plan.largest_batch_size  # the samples a step
+
+
+def split_of(gear: str) -> tuple[int, int]:
+    """(N, M) of the advice `batch_size=N accum=M (...)`."""
+    batch, accum = (int(part.split("=")[1]) for part in gear.split(" ")[:2])
+    return batch, accum
+
+
+@pytest.mark.parametrize(
+    ("samples", "largest", "batch", "accum"),
+    [(64, 56, 32, 2), (64, 16, 16, 4), (96, 56, 48, 2), (64, 7, 4, 16), (62, 56, 31, 2)],
+)
+def test_the_batch_advice_keeps_the_samples_a_step_exactly(samples, largest, batch, accum):
+    gear = same_samples_a_step(samples, largest)
+    assert split_of(gear) == (batch, accum)
+    assert gear == f"batch_size={batch} accum={accum} (the same {samples} samples a step)"
+
+
+def test_samples_a_step_that_no_batch_near_the_largest_splits_are_said_so():
+    # 61 is prime: only batch 1 x accum 61 would keep it, far below the 56 that fit
+    assert same_samples_a_step(61, 56) == (
+        "batch_size<=56 (no batch from 28 to 56 times an accum makes the 61 samples a step)"
+    )
+
+
+def test_batch_64_where_56_fit_is_advised_as_32_x_2_not_56_x_2():
+    # the issue's case (GPT-2 at batch 64 on an H100: 56 fit, and 56 x 2 = 112 was advised),
+    # on the MLP with the memory budget batch 60's peak, so that 56 is the largest that fits
+    at_60 = make_plan(make_cfg("model=mlp", "batch_size=60", "plan.device=h100"))
+    cfg = make_cfg("model=mlp", "batch_size=64", "plan.device=h100")
+    plan = make_plan(cfg, budget=at_60.peak_bytes)
+    assert not plan.fits and plan.largest_batch_size == 56
+    assert plan.advice[-1] == "batch_size=32 accum=2 (the same 64 samples a step)"
 
 
 class ItemModel(torch.nn.Module):

@@ -29,6 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
 from gearshift.config.rules import locate
+from gearshift.config.switches import switches_in_words
 from gearshift.config.unknown_keys import describe_unknown_key
 from gearshift.engine.failures import TrainingFailed
 from gearshift.state import run_lock
@@ -227,11 +228,14 @@ def _searchpath(override: str) -> bool:
 
 def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | None = None) -> None:
     """Exit with one clear line if the command line would compose a bad config; on ranks
-    other than 0 (torchrun, srun), point Hydra's own files away from the run folder."""
+    other than 0 (torchrun, srun), point Hydra's own files away from the run folder.
+    true/false given to a switch group become on/off in the command line itself (`argv`,
+    else sys.argv), so Hydra composes and records `amp=on`."""
+    command_line = sys.argv if argv is None else argv
     if argv is None:
         _hydra_output_on_rank_zero_only(sys.argv)
     argv = sys.argv[1:] if argv is None else argv
-    if any(a.split("=")[0] in _HYDRA_INFO_FLAGS | _HYDRA_CONFIG_FLAGS for a in argv):
+    if any(a.split("=")[0] in _HYDRA_CONFIG_FLAGS for a in argv):
         return
     overrides, skip_next = [], False
     for arg in argv:
@@ -243,6 +247,10 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
             config_name = arg.split("=", 1)[1]
         elif not arg.startswith("-"):
             overrides.append(arg)
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
+        overrides = _switches_in_words(command_line, overrides)
+    if any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
+        return  # Hydra prints: --cfg job amp=true shows amp=on's config
     try:
         variants = _overrides_to_check(overrides)
     except HydraException as error:
@@ -268,6 +276,23 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
         _exit(line)
     if planned is not None and planned.plan.enabled:
         _plan(planned)
+
+
+def _switches_in_words(command_line: list[str], overrides: list[str]) -> list[str]:
+    """The overrides with true/false given to a switch group as on/off (config/switches.py),
+    rewritten in `command_line` too: Hydra parses that after preflight."""
+    search = [o for o in overrides if _searchpath(o)]  # your folders' options too
+    loader = GlobalHydra.instance().config_loader()
+    try:
+        worded = switches_in_words(
+            overrides, lambda g: loader.get_group_options(g, overrides=search)
+        )
+    except ConfigError as error:
+        _exit(str(error))
+    for given, word in zip(overrides, worded, strict=True):
+        if word != given:
+            command_line[command_line.index(given)] = word
+    return worded
 
 
 def _plan(cfg: DictConfig) -> None:

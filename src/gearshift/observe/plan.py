@@ -289,9 +289,22 @@ def advice(
     if strategy != "fsdp":
         gears.append("distributed=fsdp (parameters, gradients, optimizer state / ranks)")
     if largest:
-        accum = math.ceil(batch_size * cfg.accum / largest)
-        gears.append(f"batch_size={largest} accum={accum} (the same samples a step)")
+        gears.append(same_samples_a_step(batch_size * cfg.accum, largest))
     return gears
+
+
+def same_samples_a_step(samples: int, largest: int) -> str:
+    """batch_size=N accum=M with N x M exactly `samples` and N the largest such batch up to
+    `largest`; where that N is below half of what fits (61 samples: only 1 x 61), it says
+    that no batch and accumulation near the largest make the samples a step."""
+    fits = min(samples, largest)
+    batch = max(n for n in range(1, fits + 1) if samples % n == 0)
+    if 2 * batch < fits:
+        return (
+            f"batch_size<={largest} (no batch from {fits - fits // 2} to {fits} times an "
+            f"accum makes the {samples} samples a step)"
+        )
+    return f"batch_size={batch} accum={samples // batch} (the same {samples} samples a step)"
 
 
 def make_plan(cfg: DictConfig, task: Task | None = None, budget: float | None = None) -> Plan:
