@@ -17,7 +17,14 @@ from omegaconf import OmegaConf
 
 from gearshift.config import ConfigError
 from gearshift.config.rules import check_fields, locate
-from gearshift.config.targets import TRAINER_KEYS, TYPED, DataNode, ModelNode, check_types
+from gearshift.config.targets import (
+    ACTIVATIONS,
+    TRAINER_KEYS,
+    TYPED,
+    DataNode,
+    ModelNode,
+    check_types,
+)
 
 
 class Head(torch.nn.Module):
@@ -144,3 +151,9 @@ def test_every_built_in_file_is_typed_and_its_defaults_pass(choice):
     if not any(p.kind is p.VAR_KEYWORD for p in parameters):
         arguments = fields - set(TRAINER_KEYS[group])
         assert arguments <= {p.name for p in parameters}, f"{choice}: not arguments"
+
+
+def test_the_gpt_activations_typed_are_the_models():
+    from gearshift.models import gpt
+
+    assert tuple(gpt.ACTIVATIONS) == ACTIVATIONS
