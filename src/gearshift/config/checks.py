@@ -1,5 +1,5 @@
-"""`check_config`, before any work starts: each node's own checks (schema.py, data_checks.py)
-and those that span nodes; the first value not allowed raises a one-line ConfigError.
+"""`check_config`, before any work starts: each node's own checks (schema.py, data_checks.py,
+targets.py) and those that span nodes; the first value not allowed raises a one-line ConfigError.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from omegaconf.errors import InterpolationKeyError
 from gearshift.config import schema as s
 from gearshift.config.data_checks import check_data
 from gearshift.config.rules import fail
+from gearshift.config.targets import check_arguments, check_types
 
 # The parts of a run that check_config imports and checks: all of them for training;
 # `evaluate` leaves out the trainer, `export` and `generate` use the model alone, so a
@@ -52,10 +53,16 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     _check_launch(cfg)
     if "data" in uses:
         s.DataLoaderConfig.check_node(cfg.dataloader)
+        check_types(cfg, "data")
         check_data(cfg)
+        check_arguments(cfg, "data")
     _check_resolves(cfg, "model")  # after the data's own checks: they name its files
     if "task" in uses:
         _check_resolves(cfg, "task")
+    for group in ("model", "task"):  # resolved now: the values, then the target's keywords
+        if group in uses:
+            check_types(cfg, group)
+            check_arguments(cfg, group)
     _check_model_takes_tokens(cfg)
     if "data" in uses:
         _check_channels(cfg)

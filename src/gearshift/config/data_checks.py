@@ -1,7 +1,7 @@
 """Checks of the data node: its keys differ by source (conf/data/*.yaml), so no schema
-dataclass holds them. `check_data` checks a built-in source's values and that its files
-are there, before any run folder exists; a source of your own is checked by its own code
-when it builds the datasets.
+dataclass holds them; their types are checked first, by source (targets.py). `check_data`
+checks a built-in source's values and that its files are there, before any run folder
+exists; a source of your own is checked by its own code when it builds the datasets.
 """
 
 from __future__ import annotations

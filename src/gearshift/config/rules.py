@@ -3,16 +3,20 @@
 `ConfigError` is a value that is not allowed, said in one line naming the key, the value
 and what is allowed; each schema dataclass checks its own node with these helpers
 (schema.py), the data node its source's keys (data_checks.py), and checks.py what spans
-nodes. `locate` finds the class or function a `_target_` names.
+nodes. `check_fields` checks a node's values against a dataclass's field types (the
+built-in targets' keys: targets.py). `locate` finds the class or function a `_target_` names.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import types
+import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -64,6 +68,78 @@ def check_int(
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         extra = " (or null to turn it off)" if optional else ""
         fail(prefix + key, value, f"expected an integer >= {minimum}{extra}")
+
+
+def check_fields(node: DictConfig, description: type, prefix: str) -> None:
+    """Each key of `node` that the dataclass `description` has a field for holds a value of
+    the field's type: bool, int, float (an int too), str, list[X], dict[str, X], Literal
+    choices, unions of them (X | None); a key it has no field for is left to other checks."""
+    hints = typing.get_type_hints(description)
+    for field in dataclasses.fields(description):
+        if field.name not in node:
+            continue
+        value = node.get(field.name)
+        if isinstance(value, DictConfig | ListConfig):
+            value = OmegaConf.to_container(value, resolve=True)
+        if not _is_a(value, hints[field.name]):
+            fail(prefix + field.name, value, _allowed(hints[field.name]))
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    """The types a union joins, or the type itself."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return typing.get_args(hint) if union else (hint,)
+
+
+def _is_a(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    if len(_options(hint)) > 1:
+        return any(_is_a(value, option) for option in _options(hint))
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:  # by type too: True == 1, yet 1 is not the choice True
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_is_a(item, args[0]) for item in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_is_a(item, args[1]) for item in value.values())
+    if hint is type(None):
+        return value is None
+    if hint in (int, float):  # a bool is an int to Python, not to a config
+        return isinstance(value, int | hint) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+# A field type's name, one and many (a list's items); a bool's values are named instead.
+_NOUNS = {int: ("an integer", "integers"), float: ("a number", "numbers"),
+          str: ("a string", "strings"), bool: ("true or false", "booleans")}  # fmt: skip
+
+
+def _allowed(hint: Any) -> str:
+    """What a field of type `hint` allows: "choose true or false", "choose one of: a, b",
+    "expected an integer or null", "expected a list of numbers or null"."""
+    values, nouns, chosen = [], [], False
+    for option in _options(hint):
+        origin, args = typing.get_origin(option), typing.get_args(option)
+        if option is bool:
+            values += ["true", "false"]
+        elif option is type(None):
+            values.append("null")
+        elif origin is Literal:
+            values, chosen = values + [str(a) for a in args], True
+        elif origin is list:
+            nouns.append("a list of " + _NOUNS[args[0]][1])
+        elif origin is dict:
+            nouns.append("a mapping")
+        else:
+            nouns.append(_NOUNS[option][0])
+    if nouns:
+        return "expected " + _or([*nouns, *values])
+    return "choose one of: " + ", ".join(values) if chosen else "choose " + _or(values)
+
+
+def _or(words: list[str]) -> str:
+    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
 
 
 def locate(

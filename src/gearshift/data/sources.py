@@ -30,10 +30,9 @@ from torch.utils.data import Dataset, IterableDataset
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import accepts, instantiate
 from gearshift.config.rules import locate
+from gearshift.config.targets import TRAINER_KEYS
 from gearshift.data.staging import stage
 from gearshift.data.streams import stream_length
-
-TRAINER_KEYS = ("on_device", "stage_to", "fields")
 
 
 def build_datasets(
@@ -43,7 +42,7 @@ def build_datasets(
     `fields`: the names the task reads (`FieldReader.names`), for a source that takes them;
     None: `data.fields` as given."""
     node: dict[str, Any] = OmegaConf.to_container(data, resolve=True)
-    on_device, stage_to, chosen = (node.pop(key, None) for key in TRAINER_KEYS)
+    on_device, stage_to, chosen = (node.pop(key, None) for key in TRAINER_KEYS["data"])
     source = locate("data._target_", node.get("_target_"))
     extra: dict[str, Any] = {}
     chosen = {k: v for k, v in (chosen or {}).items() if v is not None}
