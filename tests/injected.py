@@ -6,6 +6,9 @@ Importable in-process (pytest puts tests/ on the path) and by train.py subproces
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import torch
 
 from gearshift.tasks import Classification
@@ -46,3 +49,23 @@ class AllocatesTooMuchAt(_BreaksAt):
 
     def break_(self, loss):
         return loss + torch.empty(2**50, dtype=torch.uint8, device=loss.device).sum()
+
+
+class ScriptedTrial(Classification):
+    """A trial of a scripted study (tests/test_optuna_sweeper.py): the loss of step `nan_at`
+    is NaN; at step `pause_at` the run writes `<cwd>/paused` and waits until `<cwd>/go`
+    exists, once (a run that finds `go` already there goes on: a resumed one). 0: neither."""
+
+    def __init__(self, nan_at: int = 0, pause_at: int = 0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.nan_at, self.pause_at, self.calls = nan_at, pause_at, 0
+
+    def loss(self, model, inputs, targets):
+        loss = super().loss(model, inputs, targets)
+        self.calls += 1  # call 1: the FLOP count's, before training
+        step = self.calls - 1
+        if self.pause_at and step == self.pause_at and not Path("go").exists():
+            Path("paused").touch()
+            while not Path("go").exists():
+                time.sleep(0.01)
+        return loss * float("nan") if self.nan_at and step == self.nan_at else loss

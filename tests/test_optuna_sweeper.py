@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import Future
 
 import optuna
 import pytest
@@ -50,11 +51,13 @@ def command(*overrides: str) -> list[str]:
     return [sys.executable, str(ROOT / "train.py"), "-m", *TINY, *overrides]
 
 
-def sweep(tmp_path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def sweep(
+    tmp_path, *overrides: str, timeout: float = 600, environment: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         command(*overrides),
         cwd=tmp_path,
-        env=env(tmp_path),
+        env=environment or env(tmp_path),
         capture_output=True,
         text=True,
         timeout=seconds(timeout),
@@ -316,6 +319,8 @@ def test_asked_to_stop_a_live_trial_the_rerun_stops_it_and_launches_it_to_resume
             return [result]
 
     made.launcher = Launcher()
+    made.storage = open_storage(made.trial_node["storage"])
+    optuna.create_study(study_name="study", storage=made.storage).ask()  # trial 0, running
     frozen = running_trial(0, {"optimizer.lr": 0.1, "batch_size": 32})
     result = made.follow(tmp_path, frozen)()
     assert holding.wait(timeout=seconds(30)) == -signal.SIGTERM  # stopped, by its stop signal
@@ -491,3 +496,257 @@ def test_on_a_machine_with_gpus_each_trial_in_flight_sees_one_gpu_of_its_own(tmp
                     environments[b]["cuda_visible_devices"],
                 )
                 assert gpus[0] != gpus[1], (a, b, gpus)
+
+
+def with_tests_on_the_path(tmp_path) -> dict[str, str]:
+    """env() with tests/ on PYTHONPATH: train.py imports tests/injected.py's tasks."""
+    path = os.pathsep.join([str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return env(tmp_path) | {"PYTHONPATH": path}
+
+
+def study_with_running_trials(tmp_path, n: int, name: str = "study") -> optuna.Study:
+    """A study in <tmp_path>/study.journal whose trials 0..n-1 are running."""
+    storage = open_storage(str(tmp_path / "study.journal"))
+    study = optuna.create_study(study_name=name, storage=storage, direction="maximize")
+    for _ in range(n):
+        study.ask({"optimizer.lr": optuna.distributions.FloatDistribution(1e-4, 1)})
+    return study
+
+
+def test_a_run_that_fails_marks_its_trial_failed_with_its_error_line_at_once(tmp_path):
+    study = study_with_running_trials(tmp_path, 1)
+    done = train_in_process(
+        "logger=none", "model=mlp", "progress_bar=false", "data.num_samples=64",
+        "data.image_size=8", "batch_size=32", "max_steps=4", "warmup_steps=0",
+        "task._target_=injected.NaNLossAt", "+task.at_step=2",
+        "trial.reporter=hydra_plugins.gearshift_sweeper.study_reporter.OptunaReporter",
+        f"trial.storage={tmp_path / 'study.journal'}", "trial.study=study", "trial.number=0",
+        "hydra.run.dir=run", cwd=tmp_path, env=env(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    [trial] = study.get_trials()  # no sweep told it: the run did, before it exited
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["failure"].startswith("non-finite loss (NaN or inf) at step 2;")
+    assert f"error: {trial.user_attrs['failure']}" in done.stderr
+
+
+class FakeJob:
+    """A submitit local job as processes.job_result reads it: its process, its files."""
+
+    def __init__(self, tmp_path, script: str) -> None:
+        self._process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+        self.printed = self._process.stderr.read().decode()
+        self.paths = type("Paths", (), {"result_pickle": tmp_path / "absent.pkl"})
+
+    def stderr(self) -> str:
+        return self.printed
+
+    def stdout(self) -> str:
+        return ""
+
+
+def test_a_job_that_exits_without_a_result_fails_with_its_last_error_line_or_its_status(
+    tmp_path,
+):
+    from hydra_plugins.gearshift_launcher.processes import JobFailed, job_result
+
+    said = "import sys; print('error: first', file=sys.stderr); "
+    said += "print('error: loss is nan at step 4', file=sys.stderr); sys.exit(1)"
+    with pytest.raises(JobFailed, match=r"^loss is nan at step 4$"):
+        job_result(FakeJob(tmp_path, said))
+    with pytest.raises(JobFailed, match=r"^exited with status 3 \(no error: line"):
+        job_result(
+            FakeJob(tmp_path, "import sys; print('Traceback', file=sys.stderr); sys.exit(3)")
+        )
+    with pytest.raises(JobFailed, match=r"^killed by SIGKILL$"):
+        job_result(FakeJob(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+
+
+def failed_future(error: BaseException):
+    future = Future()
+    future.set_exception(error)
+    return future
+
+
+def test_the_sweeper_records_each_failure_keeps_a_runs_own_reason_and_ends_in_one_line(
+    tmp_path, capsys
+):
+    from hydra_plugins.gearshift_launcher.processes import JobFailed
+    from hydra_plugins.gearshift_sweeper.study_reporter import OptunaReporter
+
+    study = study_with_running_trials(tmp_path, 2)
+    made = sweeper(tmp_path)
+    made.storage = study._storage
+    OptunaReporter(str(tmp_path / "study.journal"), "study", 0).fail("non-finite loss at step 4")
+    made.tell(study, 0, failed_future(JobFailed("exited with status 1")))  # the run's reason wins
+    made.tell(study, 1, failed_future(RuntimeError("Traceback\nValueError: bad shape")))
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert trials[0].user_attrs["failure"] == "non-finite loss at step 4"
+    assert trials[1].user_attrs["failure"] == "RuntimeError: ValueError: bad shape"
+    with pytest.raises(SystemExit) as ended:
+        made.finish(study, tmp_path)
+    assert ended.value.code == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "error: no trial of study 'study' completed; 2 of 2 failed, the first, trial 0: "
+        "non-finite loss at step 4"
+    ]
+    report = (tmp_path / "study_report.md").read_text()
+    assert "| failure |" in report.splitlines()[4]
+    row = report.splitlines()[6]  # trial, state, lr, value, steps, pruned at, failure
+    assert row.startswith("| 0 | fail | ") and row.endswith(
+        "|  |  |  | non-finite loss at step 4 |"
+    )
+
+
+def test_a_live_trial_that_fails_while_the_rerun_waits_is_not_launched_again(tmp_path):
+    from hydra_plugins.gearshift_sweeper.study_reporter import OptunaReporter
+
+    study = study_with_running_trials(tmp_path, 1)
+    holding = holding_process(tmp_path / "0")
+    made = sweeper(tmp_path)
+    made.storage = study._storage
+    made.launcher = None  # it must launch nothing: the trial failed
+    waiting = made.follow(tmp_path, study.get_trials()[0])
+    OptunaReporter(str(tmp_path / "study.journal"), "study", 0).fail("out of memory at step 3")
+    holding.kill()  # the run ends, failed, with no summary.json
+    holding.wait()
+    future = Future()
+    try:
+        future.set_result(waiting())
+    except RuntimeError as error:
+        future.set_exception(error)
+    made.tell(study, 0, future)
+    [trial] = study.get_trials()
+    assert trial.state == TrialState.FAIL
+    assert trial.user_attrs["failure"] == "out of memory at step 3"
+
+
+def test_the_report_of_a_killed_sweep_shows_each_trial_as_it_ended(tmp_path):
+    study = study_with_running_trials(tmp_path, 4)
+    study.tell(0, 0.5)
+    for number, stop_reason, value in ((1, "completed", 0.75), (2, "pruned", 0.25)):
+        run = tmp_path / str(number)  # ended with its summary; the sweep was killed meanwhile
+        run.mkdir()
+        summary = {"steps": 8, "stop_reason": stop_reason, "best": {"value": value}}
+        (run / "summary.json").write_text(json.dumps(summary))
+    holding = holding_process(tmp_path / "3")  # still training
+    try:
+        report = write_report(study, tmp_path, plots=False).read_text()
+    finally:
+        holding.kill()
+        holding.wait()
+    rows = [line.split(" | ")[:2] for line in report.splitlines() if line.startswith("| ")][1:]
+    assert rows == [["| 0", "complete"], ["| 1", "complete"], ["| 2", "pruned"], ["| 3", "running"]]
+    assert "4 trials (1 running, 2 complete, 1 pruned)" in report
+    assert "Best: trial 1, value 0.75" in report
+    assert "| 1 | complete | " in report and "| 0.75 | 8 |" in report
+
+
+def train_log(sweep_dir, number: int) -> str:
+    log = sweep_dir / str(number) / "train.log"
+    return log.read_text() if log.exists() else ""
+
+
+def wait_for(condition, what: str, sweep: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + seconds(300)
+    while not condition():
+        assert sweep is None or sweep.poll() is None, f"the sweep ended before {what}"
+        assert time.monotonic() < deadline, f"no {what}"
+        time.sleep(0.02)
+
+
+def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
+    """Trial 0 fails at step 2, trial 1 completes, trial 2 pauses at step 2 (injected.py's
+    ScriptedTrial). The sweep is killed (SIGKILL) when trial 0 has failed, when trial 1 has
+    written its summary, and while trial 2 trains; rerun each time."""
+    sweep_dir = tmp_path / "search"
+    overrides = (
+        "hydra.sweeper.n_trials=3",
+        "optimizer.lr=choice(0.05)",
+        "batch_size=choice(32)",
+        "max_steps=4",
+        "checkpoint.every_n_steps=1",  # a step trained twice would save twice
+        "task._target_=injected.ScriptedTrial",
+        "+task.nan_at=0",
+        "+task.pause_at=0",
+        "task.nan_at=choice(0, 2)",
+        "task.pause_at=choice(0, 2)",
+        "hydra.sweeper.enqueue=[{task.nan_at: 2, task.pause_at: 0}, "
+        "{task.nan_at: 0, task.pause_at: 0}, {task.nan_at: 0, task.pause_at: 2}]",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+
+    def killed_when(condition, what: str) -> None:
+        """A sweep run until `condition`, then SIGKILLed; returns once its trials ended."""
+        sweep = subprocess.Popen(
+            command(*overrides), cwd=tmp_path, env=with_tests_on_the_path(tmp_path),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+        try:
+            wait_for(condition, what, sweep)
+            sweep.kill()  # the sweep alone: its trial notices, stops at its next step, saves
+            sweep.wait()
+            if (tmp_path / "paused").exists():
+                (tmp_path / "go").touch()  # the paused trial goes on to that next step
+            runs = list(sweep_dir.glob("[0-9]*"))
+            wait_for(lambda: all(run_lock.holder(r) is None for r in runs), "end of the trials")
+        finally:
+            os.killpg(sweep.pid, signal.SIGKILL)  # nothing left behind should the test fail
+
+    def report() -> str:
+        made = subprocess.run(
+            [sys.executable, "-m", "hydra_plugins.gearshift_sweeper.report", "--no-plot",
+             str(sweep_dir)], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        return (sweep_dir / "study_report.md").read_text()
+
+    killed_when(lambda: "error:" in train_log(sweep_dir, 0), "trial 0's failure")
+    failed = load(sweep_dir).trials[0]  # marked by its run, or by the sweep before the kill
+    assert failed.state == TrialState.FAIL
+    assert failed.user_attrs["failure"].startswith("non-finite loss (NaN or inf) at step 2")
+    killed_when(lambda: (sweep_dir / "1" / "summary.json").exists(), "trial 1's summary")
+    assert "| 1 | complete |" in report()  # told by the sweep, or read from its summary
+    killed_when(lambda: (tmp_path / "paused").exists(), "a paused trial")
+    assert "| 2 | running |" in report()
+    done = sweep(tmp_path, *overrides, environment=with_tests_on_the_path(tmp_path))
+    assert done.returncode == 0, done.stderr
+
+    trials = load(sweep_dir).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    final = report()
+    assert f"| {failed.user_attrs['failure']} |" in final  # the report names the failure
+    for number, steps in ((0, [1]), (1, [1, 2, 3, 4]), (2, [1, 2, 3, 4])):
+        log = train_log(sweep_dir, number)
+        saved = [
+            int(line.rsplit("step_", 1)[1])
+            for line in log.splitlines()
+            if " - checkpoint: " in line
+        ]
+        assert saved == steps, (number, saved)  # each step trained once, in order
+    for number, end in ((0, "error: non-finite loss"), (1, "step_000000004")):
+        log = train_log(sweep_dir, number)  # never launched again once it ended
+        assert log.count(end) == 1 and " parameters, " not in log[log.index(end) :]
+    assert "resumed from" in train_log(sweep_dir, 2)  # stopped by the kill, resumed once
+
+
+def test_a_study_in_which_no_trial_completes_ends_with_one_line_and_exit_1(tmp_path):
+    done = sweep(
+        tmp_path,
+        "hydra.sweeper.n_trials=1",
+        "max_steps=3",
+        "task._target_=injected.NaNLossAt",
+        "+task.at_step=1",
+        "hydra.sweep.dir=search",
+        environment=with_tests_on_the_path(tmp_path),
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        "error: no trial of study 'lr_batch' completed; 1 of 1 failed, the first, trial 0: "
+        "non-finite loss (NaN or inf) at step 1; stopped (on_nonfinite=stop), no checkpoint "
+        "was saved before it; try a lower optimizer.lr, or on_nonfinite=skip to skip such "
+        "steps' updates"
+    ]
+    assert "| fail |" in (tmp_path / "search" / "study_report.md").read_text()

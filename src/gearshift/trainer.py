@@ -152,8 +152,14 @@ class Trainer:
             saved = self.save_at_last_step()
             self.checkpointer.wait()
             raise error.after(saved) from None
-        except torch.OutOfMemoryError as error:
-            raise TrainingFailed(run.out_of_memory(error, p.step + 1)) from None
+        except (TrainingFailed, torch.OutOfMemoryError) as error:
+            failed = error
+            if isinstance(error, torch.OutOfMemoryError):
+                failed = TrainingFailed(run.out_of_memory(error, p.step + 1))
+            # a study's trial is marked failed now: a sweep killed before it notices the
+            # end does not launch the trial again
+            run.reporter.fail(str(failed))
+            raise failed from None
         finally:
             self.checkpointer.close(quiet=summary is None)  # a write in flight still completes
             self.profiler.finish()  # a run cut short keeps the profiled steps it made

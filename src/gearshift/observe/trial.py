@@ -2,8 +2,9 @@
 
 A run that is one trial of a hyper-parameter search (the sweeper sets the `trial` node)
 tells its trial the task's monitor at every validation, and the study's pruner may answer
-"stop here". The reporter that talks to the study is named by `trial.reporter` and
-imported only then, so the training loop's layers never import a search library.
+"stop here"; a run that fails tells its trial why, the moment it fails. The reporter that
+talks to the study is named by `trial.reporter` and imported only then, so the training
+loop's layers never import a search library.
 """
 
 from __future__ import annotations
@@ -21,12 +22,19 @@ class Reporter(Protocol):
         """Report the monitor's `value` after optimizer step `step`; True: stop (pruned)."""
         ...
 
+    def fail(self, reason: str) -> None:
+        """The run failed (`reason`: its one line): the trial is marked failed now."""
+        ...
+
 
 class NoReporter:
     """A run of its own: nothing to report to, never pruned."""
 
     def report(self, step: int, value: float | None) -> bool:
         return False
+
+    def fail(self, reason: str) -> None:
+        pass
 
 
 class RankZeroReporter:
@@ -37,6 +45,9 @@ class RankZeroReporter:
 
     def report(self, step: int, value: float | None) -> bool:
         return bool(rank_zero_value(self.reporter.report(step, value)))
+
+    def fail(self, reason: str) -> None:
+        self.reporter.fail(reason)  # no collective: a rank may fail alone (the others: no-ops)
 
 
 def build_reporter(trial: DictConfig, ranks: Ranks) -> Reporter:

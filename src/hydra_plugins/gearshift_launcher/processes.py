@@ -8,7 +8,9 @@ that measures (the gear ablation) wants both: every run alone, in its own proces
 The Optuna sweeper launches up to `n_jobs` trials at once, each from its own thread; it
 first calls `use_slots(n_jobs)`, and each trial then runs in a device slot of its own
 (slots.py: one GPU, or a disjoint set of cores, per trial).
-A job whose sweep is gone (killed by SIGKILL) stops at its next step and saves.
+A job whose sweep is gone (killed by SIGKILL) stops at its next step and saves. A job's end
+is noticed the moment its process exits (its Popen is waited on), and one that ended without
+a result fails with one line: its last `error:` line, or its exit status.
 Job logs go to `<sweep folder>/.submitit/`. (No `from __future__ import annotations`:
 Hydra loads plugin modules outside sys.modules, where dataclasses cannot resolve them.)
 """
@@ -23,11 +25,14 @@ import signal
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import config, submitit_launcher
+from omegaconf import OmegaConf
 
 from hydra_plugins.gearshift_launcher.slots import (
     Slot,
@@ -105,12 +110,69 @@ class SequentialProcessLauncher(submitit_launcher.LocalLauncher):
     ) -> list[JobReturn]:
         results = []
         for offset, overrides in enumerate(job_overrides):
-            launch = submitit_launcher.LocalLauncher.launch  # submitit's, for one job
-            [result] = launch(launcher, [overrides], initial_job_idx + offset)
+            number = initial_job_idx + offset
+            result = job_result(launcher.start_job(overrides, number))  # JobFailed: no result
             failed = result.status == JobStatus.FAILED
-            log.info("\t#%d %s", initial_job_idx + offset, "failed" if failed else "done")
+            log.info("\t#%d %s", number, "failed" if failed else "done")
             results.append(result)
         return results
+
+    def start_job(self, overrides: Sequence[str], number: int) -> Any:
+        """Job `number` in a process of its own, as submitit's local launcher starts it
+        (the same executor and parameters); returns the submitit job at once."""
+        import submitit
+
+        assert self.config is not None
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        if "mode" in self.config.hydra.sweep:
+            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
+        executor = submitit.AutoExecutor(
+            cluster=self._EXECUTOR, folder=self.params["submitit_folder"]
+        )
+        common = set(OmegaConf.structured(config.BaseQueueConf).keys())
+        executor.update_parameters(
+            **{
+                key if key in common else f"{self._EXECUTOR}_{key}": value
+                for key, value in self.params.items()
+                if key != "submitit_folder"
+            }
+        )
+        log.info("\t#%d : %s", number, " ".join(filter_overrides(overrides)))
+        state = Singleton.get_state()
+        return executor.submit(
+            self, list(overrides), "hydra.sweep.dir", number, f"job_id_for_{number}", state
+        )
+
+
+class JobFailed(RuntimeError):
+    """A job's process ended without a result; the message is one line saying why."""
+
+    one_line = True  # the sweeper records the message as the trial's failure, as it is
+
+
+def job_result(job: Any) -> JobReturn:
+    """The job's JobReturn the moment its process ends. (submitit's `results()` looks every
+    second, and gives a process that exited without a result 15 s more to write one: a
+    trial that failed was noticed that late.) JobFailed when it ended without one: its last
+    `error:` line, else its exit status."""
+    code = job._process.wait()  # the Popen of submitit's local job: no polling
+    if job.paths.result_pickle.exists():  # written before the process exits
+        return job.results()[0]  # done: returns at once, or raises the job's exception
+    raise JobFailed(failure_line(job.stderr() or job.stdout() or "", code))
+
+
+def failure_line(printed: str, code: int) -> str:
+    """Why a process ended without a result, in one line: the last line it printed that
+    starts with `error:` (without that word), else its exit status or signal."""
+    said = [
+        line[len("error:") :].strip() for line in printed.splitlines() if line.startswith("error:")
+    ]
+    if said:
+        return said[-1]
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exited with status {code} (no error: line on its stderr)"
 
 
 def stop_when_gone(pid: int) -> None:

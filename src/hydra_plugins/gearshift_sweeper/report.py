@@ -1,6 +1,11 @@
 """The report of a study: `study_report.md` in the sweep folder, with the best trial, the
-trial table (state, params, objective, steps trained, pruned at) and two plots by Optuna's
-matplotlib visualisers (`optimization_history.png`, `param_importances.png`).
+trial table (state, params, objective, steps trained, pruned at, and why a failed trial
+failed) and two plots by Optuna's matplotlib visualisers (`optimization_history.png`,
+`param_importances.png`).
+
+Each trial shows as it is: one the storage still holds as running whose run ended with its
+summary.json (its sweep was killed before it told the study) shows complete (or pruned),
+with that summary's objective.
 
 The sweeper writes it when the sweep ends; for a sweep folder by hand (a study still running,
 one that was killed): `make report DIR=<sweep dir>` (scripts/report.py hands a study's
@@ -15,11 +20,12 @@ import logging
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+from hydra_plugins.gearshift_sweeper.study_reporter import FAILURE, PRUNED_AT
 
 log = logging.getLogger(__name__)
 
-PRUNED_AT = "pruned_at_step"  # reporter.py's
 SWEEPER = "gearshift_sweeper.sweeper.OptunaSweeper"  # the _target_ of a study's sweep
 
 
@@ -29,31 +35,69 @@ def write_report(study: Any, sweep_dir: Path, plots: bool = True) -> Path:
 
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    rows = [seen(t, sweep_dir) for t in trials]
     keys = sorted({key for t in trials for key in t.params})
     lines = [f"# Study {study.study_name}", ""]
     direction = study.direction.name.lower()
-    states = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+    states = {s.name.lower(): sum(row.state == s.name.lower() for row in rows) for s in TrialState}
     counted = ", ".join(f"{n} {s}" for s, n in states.items() if n)
     lines += [f"{len(trials)} trials ({counted}); direction: {direction}.", ""]
-    if complete:
-        best = study.best_trial
-        chosen = ", ".join(f"{k}={v}" for k, v in best.params.items())
-        lines += [f"Best: trial {best.number}, value {best.value:.6g} ({chosen}).", ""]
+    done = [row for row in rows if row.state == "complete"]
+    if done:
+        pick = max if direction == "maximize" else min
+        best = pick(done, key=lambda row: row.value)
+        chosen = ", ".join(f"{k}={v}" for k, v in best.trial.params.items())
+        lines += [f"Best: trial {best.trial.number}, value {best.value:.6g} ({chosen}).", ""]
+    failures = any(row.failure for row in rows)  # the column only when a trial failed
     lines += [
-        "| trial | state | " + " | ".join(keys) + " | value | steps | pruned at |",
-        "|---|---|" + "---|" * len(keys) + "---|---|---|",
-    ]
-    for t in trials:
+        "| trial | state | " + " | ".join(keys) + " | value | steps | pruned at |"
+        + " failure |" * failures,
+        "|---|---|" + "---|" * len(keys) + "---|---|---|" + "---|" * failures,
+    ]  # fmt: skip
+    for row in rows:
+        t = row.trial
         params = " | ".join(_cell(t.params.get(k)) for k in keys)
-        value = "" if t.value is None else f"{t.value:.6g}"
+        value = "" if row.value is None else f"{row.value:.6g}"
         pruned_at = _cell(t.user_attrs.get(PRUNED_AT))
-        row = f"| {t.number} | {t.state.name.lower()} | {params} | {value} | "
-        lines.append(row + f"{_cell(steps_trained(sweep_dir, t.number))} | {pruned_at} |")
+        cells = f"| {t.number} | {row.state} | {params} | {value} | "
+        cells += f"{_cell(steps_trained(sweep_dir, t.number))} | {pruned_at} |"
+        lines.append(cells + f" {row.failure.replace('|', '/')} |" * failures)
     if plots:
         lines += ["", *write_plots(study, sweep_dir, complete)]
     path = sweep_dir / "study_report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+class Seen(NamedTuple):  # not a dataclass: Hydra loads this module outside sys.modules
+    """A trial as the report shows it."""
+
+    trial: Any  # the storage's FrozenTrial
+    state: str  # complete, pruned, fail, running, ...
+    value: float | None
+    failure: str  # why it failed ("" unless it did)
+
+
+def seen(trial: Any, sweep_dir: Path) -> Seen:
+    """`trial` as it is: the storage's state and value, except for a trial the storage
+    holds as running whose run folder no process holds and whose summary.json exists: it
+    ended while no sweep told the study (the sweep was killed), complete or pruned, with
+    its summary's objective (what a rerun counts it as)."""
+    from optuna.trial import TrialState
+
+    from gearshift.app import objective
+    from gearshift.state.run_lock import holder
+
+    failure = str(trial.user_attrs.get(FAILURE, ""))
+    state = trial.state.name.lower()
+    run_dir = sweep_dir / str(trial.number)
+    summary = run_dir / "summary.json"
+    if trial.state != TrialState.RUNNING or holder(run_dir) is not None or not summary.is_file():
+        return Seen(trial, state, trial.value, failure)
+    ended = json.loads(summary.read_text())
+    if ended.get("stop_reason") == "pruned":
+        return Seen(trial, "pruned", None, failure)
+    return Seen(trial, "complete", objective(ended), failure)
 
 
 def steps_trained(sweep_dir: Path, number: int) -> int | None:

@@ -3,8 +3,10 @@
 build.py builds it from the run's `trial` node (`trial.reporter` names this class; the
 sweeper sets the node for each trial it launches), in the trial's own process: it loads the
 study from the sweep's storage, reports the task's monitor at every validation, and says
-whether the study's pruner stops the trial there. The sweeper, not the trial, tells the
-study that a trial ended (and how).
+whether the study's pruner stops the trial there. The sweeper tells the study that a trial
+ended (and how), except a failure, which the trial marks itself, with its reason (user
+attribute `failure`), the moment it fails: a sweep killed before it noticed does not launch
+the trial again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from hydra_plugins.gearshift_sweeper.study import PRUNER_KEY, build_pruner, open
 log = logging.getLogger(__name__)
 
 PRUNED_AT = "pruned_at_step"  # the trial's user attribute: the step the pruner stopped it at
+FAILURE = "failure"  # the trial's user attribute: why it failed (its one line)
 
 
 class OptunaReporter:
@@ -42,3 +45,16 @@ class OptunaReporter:
         self.storage.set_trial_user_attr(self.trial_id, PRUNED_AT, step)
         log.info("trial %d pruned at step %d (%s)", self.number, step, value)
         return True
+
+    def fail(self, reason: str) -> None:
+        """Mark the trial failed, with `reason`; a study that cannot be written to is logged,
+        not raised: the run's own failure is the one to report."""
+        from optuna.trial import TrialState
+
+        try:
+            self.storage.set_trial_user_attr(self.trial_id, FAILURE, reason)
+            self.storage.set_trial_state_values(self.trial_id, TrialState.FAIL)
+        except Exception as error:  # the run's own failure is the one to raise
+            log.warning(
+                "trial %d: its failure was not recorded in the study: %s", self.number, error
+            )

@@ -13,6 +13,12 @@
   folder's lock: one writer), counted when it ended with its summary.json, and otherwise
   launched again under its own number, where `resume=auto` continues from its checkpoint.
   (The processes launcher stops a trial whose sweep is gone at its next step, with a save.)
+- A failed trial stays failed: its run marks it FAIL in the storage the moment it fails,
+  with its reason (user attribute `failure`: its `error:` line), so a sweep killed before it
+  noticed does not launch it again; a failure the run could not record (it crashed, it was
+  killed) is recorded when the sweep notices it: the launcher's last `error:` line of the
+  process, or its exit status. A study in which no trial completed ends with one
+  `error:` line naming the first failure, and exit 1.
 - A launcher that submits jobs (hydra/launcher=slurm: `submit`, `rejoin`) gets each trial
   submitted on the sweep's thread, and the trial records its job's id (`slurm_jobs`) before
   anything waits on it; on a rerun, a trial whose job still runs (or ended with its result)
@@ -57,13 +63,14 @@ from hydra_plugins.gearshift_sweeper.study import (
     journal_path,
     open_storage,
 )
-from hydra_plugins.gearshift_sweeper.study_reporter import PRUNED_AT
+from hydra_plugins.gearshift_sweeper.study_reporter import FAILURE, PRUNED_AT
 
 log = logging.getLogger(__name__)
 
 DIRECTIONS = ("minimize", "maximize")
 LIVE_TRIALS = ("wait", "stop")  # what a rerun does with a trial whose process still runs
 EXIT_BAD_CONFIG = 2
+EXIT_NOTHING_COMPLETED = 1  # every trial failed (or was pruned): the first failure's line
 REPORTER = "hydra_plugins.gearshift_sweeper.study_reporter.OptunaReporter"
 SLURM_JOBS = "slurm_jobs"  # a trial's user attribute: the ids of the SLURM jobs it had
 
@@ -80,6 +87,7 @@ class OptunaSweeper(Sweeper):
         self.config_loader: Any = None
         self.space: Any = None  # the search space, once the sweep has checked it
         self.trial_node: dict[str, Any] = {}  # what every trial's `trial` node holds
+        self.storage: Any = None  # the study's storage, once the sweep has opened it
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -91,8 +99,13 @@ class OptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> Any:
+        import optuna
         from optuna.trial import TrialState
 
+        # Optuna's lines go where the sweep's go (Hydra's log: stdout and the sweep's log
+        # file), not to stderr, where a sweep that fails ends with one line
+        optuna.logging.disable_default_handler()
+        optuna.logging.enable_propagation()
         p = self.params
         try:
             self.space, journal = self.check(arguments)
@@ -102,7 +115,7 @@ class OptunaSweeper(Sweeper):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         storage_url = str(journal) if journal is not None else p["storage"]
-        storage = open_storage(storage_url)
+        self.storage = storage = open_storage(storage_url)
         study = self.open_study(storage)
         self.trial_node = {"storage": storage_url, "study": p["study_name"]}
         trials = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
@@ -112,7 +125,6 @@ class OptunaSweeper(Sweeper):
             "study %r in %s: %d trials so far, %d to resume, %d to ask for, %d at once",
             p["study_name"], storage_url, len(trials), len(interrupted), to_ask, p["n_jobs"],
         )  # fmt: skip
-        failures = []
         with ThreadPoolExecutor(max_workers=p["n_jobs"], thread_name_prefix="trial") as pool:
             running: dict[Future, int] = {}
             while interrupted or to_ask or running:
@@ -128,10 +140,8 @@ class OptunaSweeper(Sweeper):
                     running[pool.submit(waiting)] = trial.number
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
-                    number = running.pop(future)
-                    if (failure := self.tell(study, number, future)) is not None:
-                        failures.append(failure)
-        return self.finish(study, sweep_dir, failures)
+                    self.tell(study, running.pop(future), future)
+        return self.finish(study, sweep_dir)
 
     def open_study(self, storage: Any) -> Any:
         """The study in `storage`, created with the given points first when it is new."""
@@ -238,8 +248,7 @@ class OptunaSweeper(Sweeper):
         if submit is None:
             return partial(self.launch_one, overrides, number)
         job = submit(overrides, number)
-        study_id = storage.get_study_id_from_name(self.params["study_name"])
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        trial_id = self.trial_id(number)
         jobs = storage.get_trial(trial_id).user_attrs.get(SLURM_JOBS, [])
         storage.set_trial_user_attr(trial_id, SLURM_JOBS, [*jobs, job.job_id])
         return partial(first_result, job)
@@ -299,9 +308,10 @@ class OptunaSweeper(Sweeper):
 
     def result_in(self, run_dir: Path, trial: Any) -> Any:
         """The result of the trial whose run folder is `run_dir`, once no process holds it:
-        its summary.json's objective, or, when it stopped without one, the trial launched
-        again to resume."""
+        its summary.json's objective; when it stopped without one, a failure if the run
+        marked itself failed, else the trial launched again to resume."""
         from hydra.core.utils import JobReturn
+        from optuna.trial import TrialState
 
         from gearshift.app import objective
         from gearshift.state.run_lock import wait_until_free
@@ -312,6 +322,8 @@ class OptunaSweeper(Sweeper):
             result = JobReturn(status=JobStatus.COMPLETED)
             result.return_value = objective(json.loads(summary.read_text()))
             return result
+        if self.storage.get_trial(self.trial_id(trial.number)).state == TrialState.FAIL:
+            raise RuntimeError(f"trial {trial.number} failed")  # `tell` says why: its `failure`
         log.info("trial %d: resumed (its process stopped before the end)", trial.number)
         return self.launch_one(self.trial_overrides(trial.number, trial.params), trial.number)
 
@@ -320,8 +332,14 @@ class OptunaSweeper(Sweeper):
         [result] = self.launcher.launch([overrides], initial_job_idx=number)
         return result
 
-    def tell(self, study: Any, number: int, future: Future) -> str | None:
-        """Tell the study how trial `number` ended; the failure's words when it failed."""
+    def trial_id(self, number: int) -> int:
+        """Trial `number`'s id in the storage."""
+        study_id = self.storage.get_study_id_from_name(self.params["study_name"])
+        return self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+    def tell(self, study: Any, number: int, future: Future) -> None:
+        """Tell the study how trial `number` ended; a failure with its reason (user attribute
+        `failure`: the run's own, when it marked itself failed, else the launcher's)."""
         from optuna.trial import TrialState
 
         try:
@@ -330,9 +348,14 @@ class OptunaSweeper(Sweeper):
                 result.return_value  # noqa: B018  (raises the job's exception)
             value = float(result.return_value)
         except BaseException as error:  # a failed run, or a job the launcher lost
-            study.tell(number, state=TrialState.FAIL)
-            log.error("trial %d failed: %s", number, error)
-            return f"trial {number}: {error}"
+            trial_id = self.trial_id(number)
+            trial = self.storage.get_trial(trial_id)
+            reason = trial.user_attrs.get(FAILURE) or failure_reason(error)
+            if trial.state == TrialState.RUNNING:  # else the run marked itself failed
+                self.storage.set_trial_user_attr(trial_id, FAILURE, reason)
+                study.tell(number, state=TrialState.FAIL)
+            log.error("trial %d failed: %s", number, reason)
+            return
         attrs = study.get_trials(deepcopy=False)[number].user_attrs
         if PRUNED_AT in attrs:
             study.tell(number, state=TrialState.PRUNED)
@@ -340,11 +363,11 @@ class OptunaSweeper(Sweeper):
         else:
             study.tell(number, value)
             log.info("trial %d: %s", number, value)
-        return None
 
-    def finish(self, study: Any, sweep_dir: Path, failures: list[str]) -> Any:
+    def finish(self, study: Any, sweep_dir: Path) -> Any:
         """The report (study_report.md and its plots) and optimization_results.yaml, the
-        best trial (when one completed)."""
+        best trial; when no trial completed, one line with the first failure's reason and
+        exit 1."""
         from optuna.trial import TrialState
 
         from hydra_plugins.gearshift_sweeper.report import write_report
@@ -353,7 +376,8 @@ class OptunaSweeper(Sweeper):
 
         complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if not complete:
-            raise RuntimeError("no trial completed" + (f"; {failures[0]}" if failures else ""))
+            print(f"error: {nothing_completed(study)}", file=sys.stderr)
+            raise SystemExit(EXIT_NOTHING_COMPLETED)
         best = study.best_trial
         results = {
             "name": study.study_name,
@@ -364,6 +388,35 @@ class OptunaSweeper(Sweeper):
         OmegaConf.save(OmegaConf.create(results), sweep_dir / "optimization_results.yaml")
         log.info("best trial %d: %s = %s", best.number, best.params, best.value)
         return results
+
+
+def failure_reason(error: BaseException) -> str:
+    """Why a trial failed, in one line: the last `error:` line in what the launcher raised
+    (a job's process that printed one), else its last line, named by its type."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    said = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
+    if said:
+        return said[-1]
+    if getattr(error, "one_line", False):  # the launcher's own reason (processes.JobFailed)
+        return lines[-1]
+    return f"{type(error).__name__}: {lines[-1]}" if lines else type(error).__name__
+
+
+def nothing_completed(study: Any) -> str:
+    """The line a study in which no trial completed ends with: the first failure's reason."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    said = f"no trial of study {study.study_name!r} completed"
+    if not failed:
+        pruned = sum(t.state == TrialState.PRUNED for t in trials)
+        return f"{said} ({pruned} pruned, of {len(trials)})"
+    first = failed[0]
+    reason = first.user_attrs.get(FAILURE, "no reason recorded")
+    return (
+        f"{said}; {len(failed)} of {len(trials)} failed, the first, trial {first.number}: {reason}"
+    )
 
 
 def first_result(job: Any) -> Any:
