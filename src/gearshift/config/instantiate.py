@@ -52,10 +52,11 @@ def instantiate(key: str, node: Mapping[str, Any], **extra: Any) -> Any:
     target = node.get("_target_")
     fn = locate(f"{key}._target_", target)
     kwargs = {k: v for k, v in node.items() if k != "_target_"} | extra
-    check_keywords(key, target, fn, kwargs)
     try:
         inspect.signature(fn).bind(**kwargs)
-    except TypeError as error:
+    except TypeError as error:  # a missing argument is named before an unknown one, as Python does
+        if "unexpected keyword" in str(error):
+            check_keywords(key, target, fn, kwargs)  # names the keywords it takes
         raise ConfigError(f"{key}._target_={target!r} is not allowed; {error}") from None
     except ValueError:  # no signature to check against: let the call decide
         pass
