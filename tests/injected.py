@@ -19,8 +19,8 @@ class _BreaksAt(Classification):
         super().__init__(**kwargs)
         self.at_step, self.calls = at_step, 0
 
-    def loss(self, model, inputs, targets):
-        loss = super().loss(model, inputs, targets)
+    def loss(self, model, batch):
+        loss = super().loss(model, batch)
         self.calls += 1
         return self.break_(loss) if self.calls == self.at_step + 1 else loss
 

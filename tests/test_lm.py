@@ -58,8 +58,8 @@ def test_the_loss_is_over_every_position_except_the_ignore_index():
     targets = torch.tensor([[1, 2, -100], [0, -100, 4]])
     kept = targets != -100
     expected = torch.nn.functional.cross_entropy(logits[kept], targets[kept])
-    assert torch.allclose(task.loss(lambda _: logits, None, targets), expected)
-    sums = task.eval_sums(lambda _: logits, None, targets)
+    assert torch.allclose(task.loss(lambda _: logits, (None, targets)), expected)
+    sums = task.eval_sums(lambda _: logits, (None, targets))
     assert sums["tokens"].item() == 4
     metrics = task.eval_metrics({k: v.item() for k, v in sums.items()}, count=2)
     assert math.isclose(metrics["val_loss"], expected.item(), rel_tol=1e-5)

@@ -59,6 +59,14 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
 FILES, COMMAND = readme_example()
 
 
+def page_command(marker: str) -> list[str]:
+    """The arguments of the page's `train.py` command that holds `marker`."""
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    line = next(line for line in page.splitlines() if "train.py" in line and marker in line)
+    words = shlex.split(line)
+    return words[next(i for i, word in enumerate(words) if word.endswith("train.py")) + 1 :]
+
+
 def page_block(header: str) -> str:
     """The text of the page's python block that opens with the line `header`, after it."""
     page = (ROOT / "docs" / "make-it-yours.md").read_text()
@@ -251,7 +259,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess, work: Path, message
             "got an unexpected keyword argument 'bogus'",
         ),
         (
-            ("data.fields.inputs=noisey",),
+            ("+data.fields={inputs: noisey, targets: clean}",),
             True,
             "data.fields={'inputs': 'noisey', 'targets': 'clean'} is not allowed; the samples' "
             "fields are noisy, clean, id; expected inputs from one of: noisey; targets from one "
@@ -400,3 +408,29 @@ def test_a_schedule_of_ones_own_sets_each_steps_lr(own_package):
     assert result.summary["steps"] == 6
     assert lrs == [0.08 * thirds(step, 6) for step in range(6)]
     assert lrs == [0.08, 0.08, 0.04, 0.04, 0.02, 0.02]  # halved after each third
+
+
+def test_a_per_sample_weight_reaches_the_task_with_no_wrapper_and_is_logged(work):
+    code = page_block("# myproject/weighted.py: samples with a weight, and a task that uses it")
+    (work / "myproject" / "weighted.py").write_text(code)
+    # one epoch of 8 equal batches, logged once: train/weight is the mean of every weight
+    steps = (
+        "data.image_size=8",
+        "max_steps=8",
+        "log_every_n_steps=8",
+        "warmup_steps=0",
+        "logger=csv",
+    )
+    done = train_here(work, *page_command("weighted"), *steps, example=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (work / "runs").iterdir()
+    with (run_dir / "metrics.csv").open(newline="") as file:
+        rows = {(int(step), name): value for step, name, value in list(csv.reader(file))[1:]}
+    page = {}
+    exec(code, page)  # the page's source, as the run built it (TINY's samples, the node's rest)
+    train_set, _ = page["source"](256, 0, 8, 3, 10, 1.0, 0)
+    weights = torch.stack([train_set[i]["weight"] for i in range(256)])
+    assert float(rows[8, "train/weight"]) == pytest.approx(weights.mean().item(), rel=1e-5)
+    summary = only_summary(work)
+    assert summary["steps"] == 8 and summary["samples"] == 256
+    assert summary["val_accuracy"] is not None  # Classification's validation reads image, label

@@ -74,8 +74,8 @@ class Parts:
     precision: Precision
     memory_format: torch.memory_format
     task: Task
-    read: FieldReader  # a collated batch (a pair, a dict of fields) -> (inputs, targets)
-    train_batches: Any  # iterables of (inputs, targets), with set_epoch(epoch, batch) and len()
+    read: FieldReader  # data.fields: the names the task's `split` reads dict samples by
+    train_batches: Any  # iterables of batches, with set_epoch(epoch, batch) and len()
     val_batches: Any | None
     transforms: DeviceTransforms
     model: nn.Module  # the plain model (never wrapped): what checkpoints hold
@@ -83,13 +83,12 @@ class Parts:
     batch_choice: BatchSizeChoice | None
     gears: Gears
 
-    def place(self, batch: Any, train: bool = False) -> tuple[Any, Any]:
-        """The batch on the device in the model's layout (tips 7 and 16: non_blocking,
-        channels_last), normalised and augmented there."""
+    def place(self, batch: Any, train: bool = False) -> Any:
+        """The batch, whole, on the device in the model's layout (tips 7 and 16:
+        non_blocking, channels_last), its images normalised and augmented there."""
         non_blocking = self.gears["non_blocking"]  # a DictConfig lookup costs microseconds a batch
-        batch = self.read(batch)  # before the copy: fields the task does not read stay behind
-        inputs, targets = to_device(batch, self.device, non_blocking, self.memory_format)
-        return self.transforms(inputs, train), targets
+        batch = to_device(batch, self.device, non_blocking, self.memory_format)
+        return self.transforms.on_batch(batch, train)
 
     @torch.inference_mode()  # tip 14: no autograd graph, no version counters
     def evaluate(self, model: nn.Module) -> dict[str, float]:
@@ -100,12 +99,12 @@ class Parts:
         sums: dict[str, torch.Tensor] = {}
         count = 0
         for batch in self.val_batches:
-            inputs, targets = self.place(batch)
+            batch = self.place(batch)
             with self.precision.autocast():
-                batch_sums = self.task.eval_sums(model, inputs, targets)
+                batch_sums = self.task.eval_sums(model, batch)
             for key, value in batch_sums.items():
                 sums[key] = sums[key] + value if key in sums else value
-            count += self.task.count(inputs, targets)
+            count += self.task.count(batch)
         model.train(training)
         keys = sorted(sums)
         local = torch.stack([sums[k].double() for k in keys]).tolist() if keys else []
@@ -178,7 +177,7 @@ def build_parts(
     channels_last = cfg.memory_format.channels_last  # tip 16: channels_last
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     task = build_task(cfg.task)
-    read = FieldReader(task, cfg.data.get("fields"))  # dict samples: which fields the task reads
+    read = FieldReader(task, cfg.data.get("fields"))  # dict samples: the fields `split` reads
     train_set, val_set = build_datasets(cfg.data, device, read.names())  # tips 1, 4, 6
     read.check(train_set)  # a sample the task cannot read: one line, before any work
     check_input_shape(cfg.task, task, read, train_set)  # and inputs of another shape

@@ -212,15 +212,15 @@ class Trainer:
         """One micro-batch of a `window` of them; its loss scaled so that the window's
         gradients sum to their mean (the task's logged terms alike, in `losses.add`).
         Returns the samples it held."""
-        inputs, targets = self.run.place(batch, train=True)
+        batch = self.run.place(batch, train=True)  # whole: every field reaches the task
         with grad_sync(self.forward, enabled=sync):  # tip 13: one all-reduce per window
             with self.precision.autocast():  # tip 11: mixed precision
-                loss, terms = self.task.loss_terms(self.forward, inputs, targets)
+                loss, terms = self.task.loss_terms(self.forward, batch)
             if window > 1:
                 loss = loss / window
             self.precision.backward(loss)
         self.losses.add(loss.detach(), self.position.step + 1, terms, window)
-        return self.task.count(inputs, targets)
+        return self.task.count(batch)
 
     def logs_at(self, step: int) -> bool:
         """Whether the loop logs after optimizer step `step`."""

@@ -8,22 +8,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gearshift.tasks.base import Batch, Task
+from gearshift.tasks.base import IMAGE_FIELDS, LABEL_FIELDS, Batch, Task
 
 
 class Classification(Task):
     monitor, mode = "val_accuracy", "max"
     metrics = ("val_loss", "val_accuracy")
+    input_fields, target_fields = IMAGE_FIELDS, LABEL_FIELDS
 
     def __init__(self, num_classes: int, input_shape: Sequence[int]) -> None:
         self.num_classes, self.input_shape = num_classes, tuple(input_shape)
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs, targets = self.split(batch)
         return F.cross_entropy(model(inputs), targets)
 
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        inputs, targets = self.split(batch)
         logits = model(inputs)
         return {
             "loss": F.cross_entropy(logits.float(), targets, reduction="sum"),

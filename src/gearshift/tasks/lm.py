@@ -82,20 +82,22 @@ class LanguageModel(Task):
                 sample_every, sample_prompt, sample_tokens, sample_count, sample_temperature
             )
 
-    def from_fields(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> Batch:
+    def from_fields(
+        self, inputs: torch.Tensor, targets: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Windows of block_size + 1 tokens: each position predicts the next one."""
         targets = inputs if targets is None else targets
         return inputs[:, :-1], targets[:, 1:]
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs, targets = self.split(batch)
         logits = model(inputs)
         return F.cross_entropy(
             logits.flatten(0, 1).float(), targets.flatten(), ignore_index=self.ignore_index
         )
 
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        inputs, targets = self.split(batch)
         logits = model(inputs).flatten(0, 1).float()
         targets = targets.flatten()
         loss = F.cross_entropy(logits, targets, ignore_index=self.ignore_index, reduction="sum")

@@ -8,22 +8,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gearshift.tasks.base import Batch, Task
+from gearshift.tasks.base import IMAGE_FIELDS, LABEL_FIELDS, Batch, Task
 
 
 class Regression(Task):
     monitor, mode = "val_loss", "min"
     metrics = ("val_loss", "val_mae")
+    input_fields, target_fields = IMAGE_FIELDS, LABEL_FIELDS
 
     def __init__(self, num_outputs: int, input_shape: Sequence[int]) -> None:
         self.num_outputs, self.input_shape = num_outputs, tuple(input_shape)
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs, targets = self.split(batch)
         return F.mse_loss(model(inputs).float(), targets)
 
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
+    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
+        inputs, targets = self.split(batch)
         error = model(inputs).float() - targets
         # per sample: summed over outputs, so the metrics are per-sample means
         return {
