@@ -7,6 +7,7 @@ Importable in-process (pytest puts tests/ on the path) and by train.py subproces
 from __future__ import annotations
 
 import torch
+from torchmetrics import Metric
 
 from gearshift.tasks import Classification
 
@@ -46,3 +47,20 @@ class AllocatesTooMuchAt(_BreaksAt):
 
     def break_(self, loss):
         return loss + torch.empty(2**50, dtype=torch.uint8, device=loss.device).sum()
+
+
+class BreaksOnRealData(Metric):
+    """A metric that computes on the start's example batch (2 samples) and raises on a real
+    validation: the failure of a user's own code after training began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("seen", torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, predictions, targets) -> None:
+        self.seen += len(targets)
+
+    def compute(self) -> torch.Tensor:
+        if self.seen > 2:
+            raise ValueError("the metric broke")
+        return self.seen.float()

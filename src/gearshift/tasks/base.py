@@ -6,12 +6,14 @@ nesting of tuples, lists and dicts of tensors, every tensor copied (4-D images i
 model's layout, normalised and augmented there). The built-in tasks read a pair, or a
 dict's fields by name (`split`: `input_fields` / `target_fields`, first present wins, or
 the names `data.fields` gives); a task of your own may read the batch any way it likes.
-The trainer runs `loss` under autocast for every micro-batch, `eval_sums` under
-`torch.inference_mode()` for every validation batch, and reads nothing back from the
-device between log steps: a task returns tensors, never Python numbers, from both. `loss`
-may return terms beside the loss, `(loss, {name: tensor})`: the trainer sums them on the
+The trainer runs `loss` under autocast for every micro-batch and reads nothing back from
+the device between log steps: a task returns tensors, never Python numbers. `loss` may
+return terms beside the loss, `(loss, {name: tensor})`: the trainer sums them on the
 device like the loss and logs their means as train/<name> at log steps, in the same host
-read.
+read. Validation runs `eval_step` under `torch.inference_mode()` for every batch and
+updates each metric (`val_metrics`, torchmetrics.Metric accumulators, plus those the
+`task.metrics` node adds) with its (predictions, targets); each metric is computed, synced
+over the ranks, once at the end.
 
 A task of your own subclasses `Task` and is chosen from the command line by its
 `_target_` (`task._target_=mypackage.MyTask`), with its constructor's arguments as the
@@ -28,9 +30,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.utils._pytree import tree_leaves
+from torchmetrics import Metric
 
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
+from gearshift.tasks.metrics import build_metrics, task_name
 
 Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
@@ -43,12 +47,10 @@ LABEL_FIELDS = ("targets", "label", "labels", "fine_label", "y")
 
 
 class Task(ABC):
-    # The validation metric that decides "better" (best checkpoint, a sweeper's objective)
-    # and its direction; `metrics` are the keys the summary always holds (null without
-    # validation data).
+    # The validation metric that decides "better" (best checkpoint, early stopping, a
+    # sweeper's objective) and its direction; `task.monitor` / `task.mode` override them.
     monitor: str = "val_loss"
     mode: str = "min"  # min | max
-    metrics: tuple[str, ...] = ("val_loss",)
     # Tokens a sample holds (a language model: its block size), for tokens/s beside
     # samples/s; None where a sample is not made of tokens.
     tokens_per_sample: int | None = None
@@ -74,7 +76,7 @@ class Task(ABC):
     def unreadable(self, batch: Mapping[str, Any]) -> str:
         """The line for a dict batch whose fields `split` cannot find."""
         return (
-            f"task._target_={_name(self)!r} cannot read the samples: their fields are "
+            f"task._target_={task_name(self)!r} cannot read the samples: their fields are "
             f"{', '.join(map(str, batch)) or 'none'}; it reads {self.wanted()}; name yours "
             "with data.fields.inputs=NAME data.fields.targets=NAME"
         )
@@ -105,7 +107,7 @@ class Task(ABC):
         wrong = _wrong_loss(loss, terms)
         if wrong:
             raise ConfigError(
-                f"task._target_={_name(self)!r} is not allowed; its loss returned {wrong}"
+                f"task._target_={task_name(self)!r} is not allowed; its loss returned {wrong}"
             )
         return loss, terms
 
@@ -116,29 +118,42 @@ class Task(ABC):
         first = next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
         if first is None or first.dim() == 0:
             raise ConfigError(
-                f"task._target_={_name(self)!r} is not allowed; a batch holds no tensor with "
+                f"task._target_={task_name(self)!r} is not allowed; a batch holds no tensor with "
                 "a batch dimension to count its samples by: override Task.count(batch)"
             )
         return first.shape[0]
 
-    @abstractmethod
-    def eval_sums(self, model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        """Per-batch sums (scalar tensors on the device) that `eval_metrics` turns into
-        metrics once summed over every batch and rank."""
+    def eval_step(self, model: nn.Module, batch: Batch) -> tuple[Any, Any]:
+        """A validation batch's (predictions, targets), which each metric is updated with
+        (under `torch.inference_mode()` and autocast; tensors, left on the device). Default:
+        the model's outputs for the batch's inputs and its targets (`split`)."""
+        inputs, targets = self.split(batch)
+        return model(inputs), targets
 
     @abstractmethod
-    def eval_metrics(self, sums: dict[str, float], count: int) -> dict[str, float]:
-        """The validation metrics (keys `metrics`) from the sums over `count` samples."""
+    def val_metrics(self) -> dict[str, Metric]:
+        """The task's own validation metrics by name (logged as val/<name>, the summary's
+        val_<name>): torchmetrics.Metric objects (tasks/metrics.py has small ones), made
+        once; each is updated with every `eval_step`'s (predictions, targets)."""
+
+    @property
+    def validation(self) -> dict[str, Metric]:
+        """Every metric a validation updates: the task's own, then those `task.metrics`
+        adds (build_task)."""
+        if "_validation" not in vars(self):
+            self._validation = dict(self.val_metrics())
+        return self._validation
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The summary's keys of the validation metrics (null without validation data)."""
+        return tuple(f"val_{name}" for name in self.validation)
 
     @abstractmethod
     def example_batch(self, batch_size: int, device: torch.device) -> Batch:
         """A batch in the loader's form (a pair, a dict of fields ...) shaped like the
         training data, for the batch-size finder, the planner and the FLOP counter (random
         values are fine: they measure memory and arithmetic, not learning)."""
-
-
-def _name(task: Any) -> str:
-    return f"{type(task).__module__}.{type(task).__qualname__}"
 
 
 def _describe(value: Any) -> str:
@@ -162,13 +177,21 @@ def _wrong_loss(loss: Any, terms: Any) -> str | None:
     return None
 
 
+# Keys of the task node that are the trainer's, never passed to the task's constructor.
+TRAINER_KEYS = ("metrics", "monitor", "mode")
+
+
 def build_task(node: DictConfig) -> Task:
-    """The task the `task` node names, or a one-line ConfigError."""
+    """The task the `task` node names, with the metrics `task.metrics` adds and the
+    `task.monitor` / `task.mode` it is judged by, or a one-line ConfigError."""
     options = OmegaConf.to_container(node, resolve=True)
+    added, monitor, mode = (options.pop(key, None) for key in TRAINER_KEYS)
     task = instantiate("task", options)
     if not isinstance(task, Task):
         raise ConfigError(
             f"task._target_={options['_target_']!r} is not allowed; it built a "
             f"{type(task).__name__}, expected a subclass of gearshift.tasks.Task"
         )
+    task.monitor, task.mode = monitor or task.monitor, mode or task.mode
+    task.validation.update(build_metrics(added, task.validation))
     return task
