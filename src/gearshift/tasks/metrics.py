@@ -119,7 +119,8 @@ class ValidationFailed(Exception):
     run ends with), `error` is what it raised."""
 
     def __init__(self, what: str, error: BaseException) -> None:
-        super().__init__(f"{what} raised {type(error).__name__}: {error}")
+        said = " ".join(str(error).split())  # one line, whatever the message's own layout
+        super().__init__(f"{what} raised {type(error).__name__}: {said}")
         self.what, self.error = what, error
 
 
