@@ -120,7 +120,7 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
     while step < cfg.max_steps:
         images, labels = pool[step % len(pool)]
         with autocast():
-            loss = task.loss(model, images, labels)  # the same loss function
+            loss = task.loss(model, (images, labels))  # the same loss function
         loss.backward()
         if cfg.optimizer.clip_grad_norm is not None:  # the same gears: clipping too
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optimizer.clip_grad_norm)

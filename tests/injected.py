@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import torch
+from torchmetrics import Metric
 
 from gearshift.tasks import Classification
 
@@ -22,8 +23,8 @@ class _BreaksAt(Classification):
         super().__init__(**kwargs)
         self.at_step, self.calls = at_step, 0
 
-    def loss(self, model, inputs, targets):
-        loss = super().loss(model, inputs, targets)
+    def loss(self, model, batch):
+        loss = super().loss(model, batch)
         self.calls += 1
         return self.break_(loss) if self.calls == self.at_step + 1 else loss
 
@@ -60,8 +61,8 @@ class ScriptedTrial(Classification):
         super().__init__(**kwargs)
         self.nan_at, self.pause_at, self.calls = nan_at, pause_at, 0
 
-    def loss(self, model, inputs, targets):
-        loss = super().loss(model, inputs, targets)
+    def loss(self, model, batch):
+        loss = super().loss(model, batch)
         self.calls += 1  # call 1: the FLOP count's, before training
         step = self.calls - 1
         if self.pause_at and step == self.pause_at and not Path("go").exists():
@@ -69,3 +70,20 @@ class ScriptedTrial(Classification):
             while not Path("go").exists():
                 time.sleep(0.01)
         return loss * float("nan") if self.nan_at and step == self.nan_at else loss
+
+
+class BreaksOnRealData(Metric):
+    """A metric that computes on the start's example batch (2 samples) and raises on a real
+    validation: the failure of a user's own code after training began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.add_state("seen", torch.tensor(0), dist_reduce_fx="sum")
+
+    def update(self, predictions, targets) -> None:
+        self.seen += len(targets)
+
+    def compute(self) -> torch.Tensor:
+        if self.seen > 2:
+            raise ValueError("the metric broke")
+        return self.seen.float()

@@ -8,6 +8,7 @@ from helpers import CONF, make_cfg
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.optim.optimizer import register_optimizer_step_post_hook
+from torchmetrics import Metric
 
 from gearshift.app import objective
 from gearshift.state.best import BestTracker
@@ -25,11 +26,24 @@ class ScriptedAccuracy(Classification):
         super().__init__(num_classes, input_shape)
         self.script, self.validations = list(script), 0
 
-    def eval_metrics(self, sums: dict[str, float], count: int) -> dict[str, float]:
-        metrics = super().eval_metrics(sums, count)
-        metrics["val_accuracy"] = self.script[self.validations]
-        self.validations += 1
-        return metrics
+    def val_metrics(self) -> dict[str, Metric]:
+        return {**super().val_metrics(), "accuracy": Scripted(self)}
+
+
+class Scripted(Metric):
+    """The task's script, one value per validation (the start's check computes a copy)."""
+
+    def __init__(self, task: ScriptedAccuracy) -> None:
+        super().__init__()
+        self.task = task
+
+    def update(self, predictions, targets) -> None:
+        pass
+
+    def compute(self) -> torch.Tensor:
+        value = self.task.script[self.task.validations]
+        self.task.validations += 1
+        return torch.tensor(value, dtype=torch.float64)
 
 
 def scripted(*script: float) -> tuple[str, ...]:

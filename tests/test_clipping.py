@@ -31,9 +31,10 @@ class Recorded:
         task_class = type(task_of(cfg))
         loss = task_class.loss
 
-        def recording_loss(task, model, inputs, targets):
+        def recording_loss(task, model, batch):
+            inputs, targets = batch
             self.batches.append((inputs.detach().clone(), targets.clone()))
-            return loss(task, model, inputs, targets)
+            return loss(task, model, batch)
 
         monkeypatch.setattr(task_class, "loss", recording_loss)
         log = gearshift.trainer.Trainer.log
@@ -64,7 +65,7 @@ def hand_step(cfg, trained: torch.nn.Module, before, batches, dtype, max_norm):
             p.copy_(p0)
     for inputs, targets in batches:
         with torch.autocast(inputs.device.type, dtype=dtype, enabled=dtype is not None):
-            loss = task_of(cfg).loss(model, inputs, targets)
+            loss = task_of(cfg).loss(model, (inputs, targets))
         (loss / len(batches)).backward()
     grads = [p.grad for p in model.parameters()]
     norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads))

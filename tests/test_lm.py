@@ -58,10 +58,12 @@ def test_the_loss_is_over_every_position_except_the_ignore_index():
     targets = torch.tensor([[1, 2, -100], [0, -100, 4]])
     kept = targets != -100
     expected = torch.nn.functional.cross_entropy(logits[kept], targets[kept])
-    assert torch.allclose(task.loss(lambda _: logits, None, targets), expected)
-    sums = task.eval_sums(lambda _: logits, None, targets)
-    assert sums["tokens"].item() == 4
-    metrics = task.eval_metrics({k: v.item() for k, v in sums.items()}, count=2)
+    assert torch.allclose(task.loss(lambda _: logits, (None, targets)), expected)
+    predictions, targets = task.eval_step(lambda _: logits, (None, targets))
+    for metric in task.validation.values():
+        metric.update(predictions, targets)
+    assert task.validation["loss"].weight.item() == 4  # the tokens with a target
+    metrics = {f"val_{name}": float(m.compute()) for name, m in task.validation.items()}
     assert math.isclose(metrics["val_loss"], expected.item(), rel_tol=1e-5)
     assert math.isclose(metrics["val_perplexity"], math.exp(expected.item()), rel_tol=1e-5)
 

@@ -20,19 +20,24 @@ from unittest import mock
 
 import pytest
 import torch
+from distributed_workers import count_allreduces
 from helpers import (
     ROOT,
     check_amp_on_resolved,
     make_cfg,
+    on_ranks,
     only_summary,
     seconds,
     train_in_process,
 )
+from sklearn.metrics import accuracy_score, f1_score
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
 
+from gearshift.data.loading import build_data
+from gearshift.models.factory import build_model
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
 
@@ -57,6 +62,14 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
 
 
 FILES, COMMAND = readme_example()
+
+
+def page_command(marker: str) -> list[str]:
+    """The arguments of the page's `train.py` command that holds `marker`."""
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    line = next(line for line in page.splitlines() if "train.py" in line and marker in line)
+    words = shlex.split(line)
+    return words[next(i for i, word in enumerate(words) if word.endswith("train.py")) + 1 :]
 
 
 def page_block(header: str) -> str:
@@ -251,7 +264,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess, work: Path, message
             "got an unexpected keyword argument 'bogus'",
         ),
         (
-            ("data.fields.inputs=noisey",),
+            ("+data.fields={inputs: noisey, targets: clean}",),
             True,
             "data.fields={'inputs': 'noisey', 'targets': 'clean'} is not allowed; the samples' "
             "fields are noisy, clean, id; expected inputs from one of: noisey; targets from one "
@@ -400,3 +413,108 @@ def test_a_schedule_of_ones_own_sets_each_steps_lr(own_package):
     assert result.summary["steps"] == 6
     assert lrs == [0.08 * thirds(step, 6) for step in range(6)]
     assert lrs == [0.08, 0.08, 0.04, 0.04, 0.02, 0.02]  # halved after each third
+
+
+def test_a_per_sample_weight_reaches_the_task_with_no_wrapper_and_is_logged(work):
+    code = page_block("# myproject/weighted.py: samples with a weight, and a task that uses it")
+    (work / "myproject" / "weighted.py").write_text(code)
+    # one epoch of 8 equal batches, logged once: train/weight is the mean of every weight
+    steps = (
+        "data.image_size=8",
+        "max_steps=8",
+        "log_every_n_steps=8",
+        "warmup_steps=0",
+        "logger=csv",
+    )
+    done = train_here(work, *page_command("weighted"), *steps, example=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (run_dir,) = (work / "runs").iterdir()
+    with (run_dir / "metrics.csv").open(newline="") as file:
+        rows = {(int(step), name): value for step, name, value in list(csv.reader(file))[1:]}
+    page = {}
+    exec(code, page)  # the page's source, as the run built it (TINY's samples, the node's rest)
+    train_set, _ = page["source"](256, 0, 8, 3, 10, 1.0, 0)
+    weights = torch.stack([train_set[i]["weight"] for i in range(256)])
+    assert float(rows[8, "train/weight"]) == pytest.approx(weights.mean().item(), rel=1e-5)
+    summary = only_summary(work)
+    assert summary["steps"] == 8 and summary["samples"] == 256
+    assert summary["val_accuracy"] is not None  # Classification's validation reads image, label
+
+
+F1 = page_command("MulticlassF1Score")
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_torchmetrics_f1_is_scikit_learns_macro_f1_of_the_same_predictions(tmp_path, ranks):
+    overrides = [*F1, "max_steps=8", "logger=csv"]
+    if ranks == 1:
+        (tmp_path / "run").mkdir()  # the logger's folder, as Hydra makes it
+        result = fit(make_cfg(*overrides), tmp_path / "run")
+        summary, weights = result.summary, result.model.state_dict()
+        with (tmp_path / "run" / "metrics.csv").open(newline="") as file:
+            logged = {(int(s), n): float(v) for s, n, v in list(csv.reader(file))[1:]}
+        assert logged[8, "val/f1"] == summary["val_f1"]  # logged as val/f1
+    else:
+        saved = on_ranks(count_allreduces, 2, tmp_path, [*overrides, "device=cpu"])
+        assert [rank["summary"]["val_f1"] for rank in saved] == [saved[0]["summary"]["val_f1"]] * 2
+        summary, weights = saved[0]["summary"], saved[0]["params"]
+        assert summary["world_size"] == 2
+    cfg = make_cfg(*overrides)
+    model = build_model(cfg.model, CPU, torch.contiguous_format)
+    model.load_state_dict(weights)
+    _, val = build_data(cfg, CPU)  # the whole validation set (each rank validated its share)
+    with torch.no_grad():
+        predicted = torch.cat([model.eval()(x).argmax(dim=1) for x, _ in val])
+    targets = torch.cat([y for _, y in val])
+    assert len(targets) == 64 and len(set(predicted.tolist())) > 1  # a real prediction
+    expected = f1_score(targets, predicted, average="macro")
+    assert summary["val_f1"] == pytest.approx(expected, rel=1e-5)
+    assert summary["val_accuracy"] == pytest.approx(accuracy_score(targets, predicted), rel=1e-6)
+    assert summary["best"]["metric"] == "val_f1" and summary["best"]["value"] == summary["val_f1"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ("++task.metrics.f1.average=none",),
+            "task.metrics.f1._target_='torchmetrics.classification.MulticlassF1Score' is not "
+            "allowed; it computes a tensor of shape [10], expected one number (a per-class "
+            "metric: average it, e.g. average=macro)",
+        ),
+        (
+            ("++task.metrics.f1._target_=collections.OrderedDict",),
+            "task.metrics.f1._target_='collections.OrderedDict' is not allowed; it built a "
+            "OrderedDict, expected a torchmetrics.Metric",
+        ),
+        (
+            ("++task.metrics.accuracy._target_=torchmetrics.MeanMetric",),
+            "task.metrics.accuracy is not allowed; the task computes val_accuracy itself: "
+            "choose another name",
+        ),
+    ],
+    ids=["not-a-scalar", "not-a-metric", "the-tasks-name"],
+)
+def test_a_metric_that_cannot_give_one_number_is_one_line_before_training(
+    tmp_path, overrides, message
+):
+    done = train_in_process(*COMMAND_TINY, *F1, *overrides, "max_steps=2", cwd=tmp_path)
+    assert_one_line_error(done, tmp_path, message)
+
+
+COMMAND_TINY = ("logger=none", "progress_bar=false", "data.image_size=8", "batch_size=16")
+
+
+def test_a_metric_that_raises_at_a_validation_saves_a_checkpoint_then_is_one_line(tmp_path):
+    done = train_in_process(
+        *COMMAND_TINY, "model=mlp", "++task.metrics.broken._target_=injected.BreaksOnRealData",
+        "val_every_n_steps=2", "max_steps=4", f"hydra.run.dir={tmp_path / 'run'}", cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-3000:]
+    saved = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert saved is not None and load_checkpoint(saved)["position"]["step"] == 2  # its step
+    assert done.stderr.splitlines() == [
+        f"error: validation at step 2: task.metrics.broken raised ValueError: the metric broke; "
+        f"checkpoint {saved} holds the weights"
+    ]

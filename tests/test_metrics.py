@@ -154,7 +154,8 @@ RETURNED: list[torch.Tensor] = []  # AuxTerms's terms, call after call
 class AuxTerms(Classification):
     """A loss with a term logged beside it; it keeps each term (a device copy, no host read)."""
 
-    def loss(self, model, inputs, targets):
+    def loss(self, model, batch):
+        inputs, targets = batch
         logits = model(inputs)
         aux = logits.float().square().mean()  # varies with the batch and the weights
         if isinstance(model, nn.Module):  # the loop's calls, not the FLOP count's function

@@ -49,7 +49,7 @@ def measured_peak(cfg) -> int:
                 inputs, targets = task.example_batch(cfg.batch_size, CPU)
                 with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
                     inputs = inputs.contiguous(memory_format=fmt) if inputs.dim() == 4 else inputs
-                    loss, _ = task.loss_terms(model, inputs, targets)
+                    loss, _ = task.loss_terms(model, (inputs, targets))
                 (loss / cfg.accum).backward()
             if cfg.optimizer.clip_grad_norm:
                 clip_grad_norm(model.parameters(), cfg.optimizer.clip_grad_norm)

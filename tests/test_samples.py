@@ -49,7 +49,7 @@ def test_dict_batches_collate_and_every_tensor_moves_in_the_models_layout():
     assert placed["pixel_values"].is_contiguous(memory_format=torch.channels_last)
     assert placed["pixel_values"].dtype == torch.uint8  # the uint8 path: bytes, scaled later
     assert placed["meta"]["id"].tolist() == [0, 1, 2, 3] and placed["meta"]["name"][3] == "s3"
-    inputs, targets = FieldReader(Classification(4, (3, 8, 8)))(placed)
+    inputs, targets = Classification(4, (3, 8, 8)).split(placed)
     assert inputs is placed["pixel_values"] and targets.tolist() == [0, 1, 2, 3]
 
 
@@ -57,23 +57,25 @@ def test_dict_batches_collate_and_every_tensor_moves_in_the_models_layout():
 def test_the_image_tasks_read_hugging_face_fields(image):
     batch = collated(HFStyle(2, image), 2)
     for task in (Classification(4, (3, 8, 8)), Regression(1, (3, 8, 8))):
-        inputs, targets = FieldReader(task)(batch)
+        inputs, targets = task.split(batch)
         assert torch.equal(inputs, batch[image]) and torch.equal(targets, batch["label"])
 
 
 def test_the_language_model_shifts_input_ids_and_labels_to_next_token_pairs():
     ids = torch.arange(10).view(2, 5)
     task = LanguageModel(vocab_size=16, block_size=4)
-    inputs, targets = FieldReader(task)({"input_ids": ids, "attention_mask": ids * 0})
+    inputs, targets = task.split({"input_ids": ids, "attention_mask": ids * 0})
     assert inputs.tolist() == [[0, 1, 2, 3], [5, 6, 7, 8]]
     assert targets.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
     labels = ids.masked_fill(ids % 5 == 2, -100)  # positions without a loss
-    _, targets = FieldReader(task)({"input_ids": ids, "labels": labels})
+    _, targets = task.split({"input_ids": ids, "labels": labels})
     assert targets.tolist() == [[1, -100, 3, 4], [6, -100, 8, 9]]
 
 
 def test_data_fields_name_the_fields_and_pairs_read_as_they_are():
-    reader = FieldReader(Regression(1, (2,)), {"inputs": "noisy", "targets": "clean"})
+    task = Regression(1, (2,))
+    FieldReader(task, {"inputs": "noisy", "targets": "clean"})  # the names task.split reads
+    reader = task.split
     x, y = torch.zeros(2, 2), torch.ones(2, 1)
     assert reader({"clean": y, "noisy": x, "other": 1}) == (x, y)
     pair = ((x, {"extra": y}), y)  # nested inputs pass through to the task untouched

@@ -119,7 +119,7 @@ class Returns(Regression):
         super().__init__(num_outputs=1, input_shape=[1])
         self.value = value
 
-    def loss(self, model, inputs, targets):
+    def loss(self, model, batch):
         return self.value
 
 
@@ -144,7 +144,7 @@ EXPECTED = "expected a scalar tensor or (loss, {name: scalar tensor})"
 )
 def test_a_loss_the_trainer_cannot_log_is_one_line(value, wrong):
     with pytest.raises(ConfigError) as error:
-        Returns(value).loss_terms(None, None, None)
+        Returns(value).loss_terms(None, None)
     assert (
         str(error.value)
         == f"task._target_='{__name__}.Returns' is not allowed; its loss returned {wrong}"
@@ -153,5 +153,5 @@ def test_a_loss_the_trainer_cannot_log_is_one_line(value, wrong):
 
 def test_a_loss_alone_or_with_terms_is_the_loss_and_its_terms():
     aux = torch.tensor(2.0)
-    assert Returns(LOSS).loss_terms(None, None, None) == (LOSS, {})
-    assert Returns((LOSS, {"aux": aux})).loss_terms(None, None, None) == (LOSS, {"aux": aux})
+    assert Returns(LOSS).loss_terms(None, None) == (LOSS, {})
+    assert Returns((LOSS, {"aux": aux})).loss_terms(None, None) == (LOSS, {"aux": aux})

@@ -125,9 +125,9 @@ class _Probe:
 
     def forward_backward(self, batch_size: int) -> None:
         batch = self.task.example_batch(batch_size, self.device)
-        inputs, targets = to_device(batch, self.device, False, self.memory_format)
+        batch = to_device(batch, self.device, False, self.memory_format)
         with self.precision.autocast():
-            loss, _ = self.task.loss_terms(self.model, inputs, targets)
+            loss, _ = self.task.loss_terms(self.model, batch)
         self.precision.backward(loss)
 
     def optimizer_step(self) -> None:

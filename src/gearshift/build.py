@@ -45,7 +45,7 @@ from gearshift.observe.profiler import Profiler
 from gearshift.observe.samples import Sampler, build_sampler
 from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
-from gearshift.parallel.distributed import Ranks, gather_sum_max, rank_zero_value, wrap_model
+from gearshift.parallel.distributed import Ranks, rank_zero_value, wrap_model
 from gearshift.state.best import BestTracker, build_tracker
 from gearshift.state.checkpointer import (
     Checkpointer,
@@ -58,6 +58,7 @@ from gearshift.state.checkpointer import (
 from gearshift.state.init_from import init_weights
 from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
+from gearshift.tasks.metrics import check_metrics, describe, failing_as, is_scalar, task_name
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,8 @@ class Parts:
     precision: Precision
     memory_format: torch.memory_format
     task: Task
-    read: FieldReader  # a collated batch (a pair, a dict of fields) -> (inputs, targets)
-    train_batches: Any  # iterables of (inputs, targets), with set_epoch(epoch, batch) and len()
+    read: FieldReader  # data.fields: the names the task's `split` reads dict samples by
+    train_batches: Any  # iterables of batches, with set_epoch(epoch, batch) and len()
     val_batches: Any | None
     transforms: DeviceTransforms
     model: nn.Module  # the plain model (never wrapped): what checkpoints hold
@@ -83,34 +84,48 @@ class Parts:
     batch_choice: BatchSizeChoice | None
     gears: Gears
 
-    def place(self, batch: Any, train: bool = False) -> tuple[Any, Any]:
-        """The batch on the device in the model's layout (tips 7 and 16: non_blocking,
-        channels_last), normalised and augmented there."""
+    def place(self, batch: Any, train: bool = False) -> Any:
+        """The batch, whole, on the device in the model's layout (tips 7 and 16:
+        non_blocking, channels_last), its images normalised and augmented there."""
         non_blocking = self.gears["non_blocking"]  # a DictConfig lookup costs microseconds a batch
-        batch = self.read(batch)  # before the copy: fields the task does not read stay behind
-        inputs, targets = to_device(batch, self.device, non_blocking, self.memory_format)
-        return self.transforms(inputs, train), targets
+        batch = to_device(batch, self.device, non_blocking, self.memory_format)
+        return self.transforms.on_batch(batch, train)
 
     @torch.inference_mode()  # tip 14: no autograd graph, no version counters
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """The task's validation metrics of `model` over every rank's share of the
-        validation set: one host read at the end."""
+        validation set: each metric updated on the device batch by batch, then computed
+        (synced over the ranks) and read once. User code that raises: ValidationFailed."""
+        task, metrics = self.task, self.task.validation
+        for metric in metrics.values():
+            metric.to(self.device).reset()
         training = model.training
         model.eval()
-        sums: dict[str, torch.Tensor] = {}
-        count = 0
         for batch in self.val_batches:
-            inputs, targets = self.place(batch)
-            with self.precision.autocast():
-                batch_sums = self.task.eval_sums(model, inputs, targets)
-            for key, value in batch_sums.items():
-                sums[key] = sums[key] + value if key in sums else value
-            count += self.task.count(inputs, targets)
+            batch = self.place(batch)
+            with (
+                self.precision.autocast(),
+                failing_as(f"task._target_={task_name(task)!r}: eval_step"),
+            ):
+                predictions, targets = task.eval_step(model, batch)
+            for name, metric in metrics.items():
+                with failing_as(self.metric_name(name)):
+                    metric.update(predictions, targets)
         model.train(training)
-        keys = sorted(sums)
-        local = torch.stack([sums[k].double() for k in keys]).tolist() if keys else []
-        (*totals, count), _ = gather_sum_max([*local, count], [], self.device)
-        return self.task.eval_metrics(dict(zip(keys, totals, strict=True)), int(count))
+        values = []
+        for name, metric in metrics.items():
+            with failing_as(self.metric_name(name)):
+                value = metric.compute()
+                if not is_scalar(value):  # the start's check saw one number: it changed
+                    raise ValueError(f"it computed {describe(value)}, expected one number")
+            values.append(torch.as_tensor(value, dtype=torch.float64, device=self.device))
+        read = torch.stack([v.reshape(()) for v in values]).tolist() if values else []  # one read
+        return {f"val_{name}": value for name, value in zip(metrics, read, strict=True)}
+
+    def metric_name(self, name: str) -> str:
+        """How the line a metric's failure ends the run with names it."""
+        added = self.cfg.task.get("metrics") or {}
+        return f"task.metrics.{name}" if name in added else f"the task's metric {name!r}"
 
 
 @dataclass
@@ -178,7 +193,7 @@ def build_parts(
     channels_last = cfg.memory_format.channels_last  # tip 16: channels_last
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     task = build_task(cfg.task)
-    read = FieldReader(task, cfg.data.get("fields"))  # dict samples: which fields the task reads
+    read = FieldReader(task, cfg.data.get("fields"))  # dict samples: the fields `split` reads
     train_set, val_set = build_datasets(cfg.data, device, read.names())  # tips 1, 4, 6
     read.check(train_set)  # a sample the task cannot read: one line, before any work
     check_input_shape(cfg.task, task, read, train_set)  # and inputs of another shape
@@ -211,11 +226,26 @@ def build_parts(
         "matmul_precision": cfg.matmul_precision,
         **getattr(train_set, "gears", {}),  # how a disk source reads its images
     }
+    if val is not None:  # a metric that cannot give one number: one line, before any work
+        check_validation(cfg, task, model, device, precision, memory_format)
     ema = build_ema(cfg.ema, model)  # weight averaging (None: off)
     return Parts(
         cfg, device, ranks, precision, memory_format, task, read, train, val, transforms, model, ema,
         batch_choice, gears,
     )  # fmt: skip
+
+
+def check_validation(
+    cfg: DictConfig, task: Task, model: nn.Module, device: torch.device, precision: Precision,
+    memory_format: torch.memory_format,
+) -> None:  # fmt: skip
+    """The task's validation of its example batch: its eval_step and each metric, with the
+    random streams left as they were (a resumed run draws as it would have)."""
+    added = cfg.task.get("metrics") or {}
+    configured = {name: added[name].get("_target_") for name in added}
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        batch = to_device(task.example_batch(2, device), device, False, memory_format)
+        check_metrics(task, model, batch, precision.autocast, configured)
 
 
 def build_precision(

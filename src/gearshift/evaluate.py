@@ -45,6 +45,7 @@ from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import CheckpointError, load_checkpoint
 from gearshift.state.checkpointer import ModelState, Saved, load_parts
+from gearshift.tasks.metrics import ValidationFailed
 
 log = logging.getLogger("gearshift.evaluate")
 
@@ -197,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         result = evaluate_checkpoint(path, overrides, config_dir)
     except BAD_INPUT as error:
         return bad_input(error)
+    except ValidationFailed as failed:  # the task's or a metric's own code raised
+        print(f"error: validation of {path}: {failed}", file=sys.stderr)
+        return 1
     output = args.output or output_path(path)
     write_json_atomic(output, result)
     log.info("%s at step %d: %s -> %s", path, result["step"], result["metrics"], output)

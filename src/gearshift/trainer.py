@@ -46,6 +46,7 @@ from gearshift.parallel.distributed import (
     resolve_strategy,
 )
 from gearshift.state.preemption import StopRequest
+from gearshift.tasks.metrics import ValidationFailed
 
 log = logging.getLogger(__name__)
 
@@ -218,15 +219,15 @@ class Trainer:
         """One micro-batch of a `window` of them; its loss scaled so that the window's
         gradients sum to their mean (the task's logged terms alike, in `losses.add`).
         Returns the samples it held."""
-        inputs, targets = self.run.place(batch, train=True)
+        batch = self.run.place(batch, train=True)  # whole: every field reaches the task
         with grad_sync(self.forward, enabled=sync):  # tip 13: one all-reduce per window
             with self.precision.autocast():  # tip 11: mixed precision
-                loss, terms = self.task.loss_terms(self.forward, inputs, targets)
+                loss, terms = self.task.loss_terms(self.forward, batch)
             if window > 1:
                 loss = loss / window
             self.precision.backward(loss)
         self.losses.add(loss.detach(), self.position.step + 1, terms, window)
-        return self.task.count(inputs, targets)
+        return self.task.count(batch)
 
     def logs_at(self, step: int) -> bool:
         """Whether the loop logs after optimizer step `step`."""
@@ -242,12 +243,16 @@ class Trainer:
         if self.val_batches is None:
             return
         self.validated_step = step = self.position.step
-        self.val.update(self.evaluate())
+        try:
+            self.val.update(self.evaluate())
+            if self.ema is not None:
+                self.ema_val.update(self.evaluate(self.ema.model))
+        except ValidationFailed as failed:  # the user's code: keep what trained, then one line
+            raise TrainingFailed(self.validation_failed(failed, step)) from None
         metrics = {f"val/{key.removeprefix('val_')}": value for key, value in self.val.items()}
         judged = self.val
         if self.ema is not None:  # the average is what a run with it keeps: it is judged
             judged = self.ema_val
-            judged.update(self.evaluate(self.ema.model))
             metrics |= {f"val_ema/{key.removeprefix('val_')}": v for key, v in judged.items()}
         self.log(metrics)
         self.log_samples(step)
@@ -256,6 +261,14 @@ class Trainer:
         if self.run.reporter.report(step, judged[self.best.metric]):  # a study's pruner
             self.pruned_at = step  # `finished`: the loop saves, then summarizes
         self.meter.resume()  # validation time is not training time
+
+    def validation_failed(self, failed: ValidationFailed, step: int) -> str:
+        """Save the run, then the line a failure of the task's or a metric's code at the
+        validation of `step` ends it with."""
+        saved = self.save()
+        self.checkpointer.wait()  # checkpoint.async_save: written before we go
+        kept = f"checkpoint {saved} holds the weights" if saved else "no checkpoint was saved"
+        return f"validation at step {step}: {failed}; {kept}"
 
     def log_samples(self, step: int) -> None:
         """task.sample_every: text samples of the trained model at this validation (rank 0

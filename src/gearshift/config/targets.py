@@ -31,7 +31,7 @@ from gearshift.config.schema import MODEL_KEYS
 TRAINER_KEYS = {
     "data": ("on_device", "stage_to", "fields"),  # data/sources.py build_datasets
     "model": ("checkpointing", *MODEL_KEYS),  # models/factory.py, state/init_from.py
-    "task": (),
+    "task": ("metrics", "monitor", "mode"),  # tasks/base.py build_task: what it is judged by
 }
 ACTIVATIONS = ("gelu", "gelu_tanh")  # models/gpt.py: GELU's exact form, or GPT-2's tanh one
 

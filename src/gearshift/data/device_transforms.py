@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gearshift.config.schema import DeviceTransformsConfig
 
@@ -98,6 +99,20 @@ class DeviceTransforms:
     def start_at(self, batches: int) -> None:
         """Continue as if `batches` training batches had been transformed (a resumed run)."""
         self.batches = batches
+
+    def on_batch(self, batch: Any, train: bool) -> Any:
+        """The batch with its image input, its first 4-D tensor, transformed (a batch of
+        any nesting; none: as it is)."""
+        if type(batch) in (list, tuple) and len(batch) == 2:  # a pair: no tree walk
+            inputs, targets = batch
+            if isinstance(inputs, torch.Tensor):
+                return type(batch)((self(inputs, train), targets))
+        leaves, spec = tree_flatten(batch)
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor) and leaf.dim() == 4:
+                leaves[i] = self(leaf, train)
+                return tree_unflatten(leaves, spec)
+        return batch
 
     def __call__(self, images: torch.Tensor, train: bool) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:

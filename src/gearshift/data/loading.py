@@ -26,7 +26,7 @@ from gearshift.data.gpu_decode import DeviceDecodedBatches, decoded_on_device
 from gearshift.data.streams import build_stream_batches, check_length, worker_seed
 from gearshift.data.synthetic import TensorPairs
 
-Batch = tuple[Any, Any]  # (inputs, targets)
+Batch = Any  # as a source's samples collate: a pair, a dict of fields, any nesting
 
 
 def epoch_order(
@@ -334,14 +334,15 @@ def _tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
 def to_device(
     batch: Batch, device: torch.device, non_blocking: bool, memory_format: torch.memory_format
 ) -> Batch:
-    """Tips 7 and 16: one copy to the device, asynchronous when asked; images (4-D) in the
-    model's layout. A batch may be a pair, a dict of fields or any nesting of tuples, lists
-    and dicts of tensors (other leaves, e.g. a batch's strings, stay as they are)."""
+    """Tips 7 and 16: one copy to the device, asynchronous when asked; images (4-D, floating
+    or uint8) in the model's layout. A batch may be a pair, a dict of fields or any nesting
+    of tuples, lists and dicts of tensors (other leaves, e.g. a batch's strings, stay as
+    they are)."""
 
     def move(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):
             return x
-        if x.dim() == 4:
+        if x.dim() == 4 and (x.is_floating_point() or x.dtype == torch.uint8):
             return x.to(device, non_blocking=non_blocking, memory_format=memory_format)
         return x.to(device, non_blocking=non_blocking)
 

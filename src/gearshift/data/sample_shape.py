@@ -22,7 +22,11 @@ def check_input_shape(task_cfg: Any, task: Any, read: FieldReader, dataset: Any)
     sample = first_sample(dataset)
     if sample is None:
         return
-    inputs, _ = read(default_collate([sample]))
+    batch = default_collate([sample])
+    pair = isinstance(batch, (tuple, list)) and len(batch) == 2
+    if not (pair or read.reads_fields):
+        return  # a task that reads its batches itself: which field is the input is its own
+    inputs, _ = task.split(batch)
     images_or_values = isinstance(inputs, torch.Tensor) and (
         inputs.is_floating_point() or inputs.dtype == torch.uint8
     )

@@ -366,15 +366,19 @@ def _has_attention(model: nn.Module) -> bool:
 
 
 def attention_calls(model: nn.Module, task: Task, device: torch.device) -> _AttentionCalls:
-    """One forward pass of the task's example batch without gradients, on copies of the
-    buffers (BatchNorm statistics stay) and with the random streams left as they were; it
-    runs on the meta device too."""
+    """One forward pass of the task's example batch without gradients (through the task's
+    loss, which knows what the model takes), on copies of the buffers (BatchNorm statistics
+    stay) and with the random streams left as they were; it runs on the meta device too."""
     state = dict(model.named_parameters()) | {n: b.clone() for n, b in model.named_buffers()}
     devices = [device] if device.type == "cuda" else []
     with torch.no_grad(), torch.random.fork_rng(devices=devices), recompute_disabled():
-        inputs = task.example_batch(2, device)[0]
+        batch = task.example_batch(2, device)
+
+        def forward(*args, **kwargs):
+            return functional_call(model, state, args, kwargs)
+
         with _AttentionCalls() as calls:
-            functional_call(model, state, (inputs,))
+            task.loss_terms(forward, batch)
     return calls
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from gearshift.data.loading import to_device
@@ -227,7 +228,7 @@ def count_flops_per_sample(
     gradients and BatchNorm statistics are left as they were.
     """
     batch = task.example_batch(2, device)  # two: BatchNorm needs more than one in training
-    inputs, targets = to_device(batch, device, False, memory_format)
+    batch = to_device(batch, device, False, memory_format)
     state = {
         name: p.detach().requires_grad_(p.requires_grad) for name, p in model.named_parameters()
     }
@@ -239,9 +240,9 @@ def count_flops_per_sample(
     counting = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
     with counting as counter, recompute_disabled():
         with precision.autocast():
-            loss, _ = task.loss_terms(detached_model, inputs, targets)
+            loss, _ = task.loss_terms(detached_model, batch)
         loss.backward()
-    return counter.get_total_flops() / task.count(inputs, targets)
+    return counter.get_total_flops() / task.count(batch)
 
 
 def _measure_flops(model, task, device, precision, memory_format) -> float:
@@ -258,7 +259,8 @@ def analytic_flops_per_sample(model: nn.Module, task: Task, device: torch.device
     tokens = task.tokens_per_sample
     if tokens is None:  # a task that does not say: the length of its example sequences
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            tokens = task.example_batch(1, device)[0].shape[-1]
+            batch = task.example_batch(1, device)
+            tokens = next(x for x in tree_leaves(batch) if isinstance(x, torch.Tensor)).shape[-1]
     return flops_per_token(tokens) * tokens
 
 

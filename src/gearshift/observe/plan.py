@@ -145,9 +145,9 @@ def _step(
     memory_format = torch.channels_last if cfg.memory_format.channels_last else None
     for _ in range(accum):
         batch = task.example_batch(batch_size, device)
-        inputs, targets = to_device(batch, device, False, memory_format or torch.contiguous_format)
+        batch = to_device(batch, device, False, memory_format or torch.contiguous_format)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss, _ = task.loss_terms(model, inputs, targets)
+            loss, _ = task.loss_terms(model, batch)
         (loss / accum).backward()
         tracker.reset_mod_stats()  # MemTracker follows one forward and backward at a time
     if cfg.optimizer.clip_grad_norm:

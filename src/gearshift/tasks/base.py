@@ -1,13 +1,19 @@
 """The Task seam: everything about a run that depends on what is being learnt.
 
-A batch is an `(inputs, targets)` pair, already on the training device: as the data
-source's collated samples give it, or read from a dict of named fields (data/fields.py:
-`data.fields`, else the task's `input_fields` / `target_fields`, first present wins). The trainer runs `loss` under autocast for every
-micro-batch, `eval_sums` under `torch.inference_mode()` for every validation batch, and
-reads nothing back from the device between log steps: a task returns tensors, never
-Python numbers, from both. `loss` may return terms beside the loss, `(loss, {name:
-tensor})`: the trainer sums them on the device like the loss and logs their means as
-train/<name> at log steps, in the same host read.
+A task receives each batch as the data loader yields it, already on the training device:
+an `(inputs, targets)` pair as the built-in sources give it, a dict of named fields, or any
+nesting of tuples, lists and dicts of tensors, every tensor copied (4-D images in the
+model's layout, normalised and augmented there). The built-in tasks read a pair, or a
+dict's fields by name (`split`: `input_fields` / `target_fields`, first present wins, or
+the names `data.fields` gives); a task of your own may read the batch any way it likes.
+The trainer runs `loss` under autocast for every micro-batch and reads nothing back from
+the device between log steps: a task returns tensors, never Python numbers. `loss` may
+return terms beside the loss, `(loss, {name: tensor})`: the trainer sums them on the
+device like the loss and logs their means as train/<name> at log steps, in the same host
+read. Validation runs `eval_step` under `torch.inference_mode()` for every batch and
+updates each metric (`val_metrics`, torchmetrics.Metric accumulators, plus those the
+`task.metrics` node adds) with its (predictions, targets); each metric is computed, synced
+over the ranks, once at the end.
 
 A task of your own subclasses `Task` and is chosen from the command line by its
 `_target_` (`task._target_=mypackage.MyTask`), with its constructor's arguments as the
@@ -17,78 +23,138 @@ other keys of the `task` node.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
+from torch.utils._pytree import tree_leaves
+from torchmetrics import Metric
 
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
+from gearshift.config.targets import TRAINER_KEYS
+from gearshift.tasks.metrics import build_metrics, task_name
 
-Batch = tuple[Any, Any]  # (inputs, targets)
+Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
 # The train/ names the trainer logs itself: a term of the loss's may not take one.
 TRAINER_NAMES = ("loss", "lr", "grad_norm", "nonfinite_skipped_steps")
 EXPECTED = "expected a scalar tensor or (loss, {name: scalar tensor})"
+# The fields an image task reads a dict sample by (a Hugging Face dataset's, your own).
+IMAGE_FIELDS = ("inputs", "pixel_values", "image", "img", "x")
+LABEL_FIELDS = ("targets", "label", "labels", "fine_label", "y")
 
 
 class Task(ABC):
-    # The validation metric that decides "better" (best checkpoint, a sweeper's objective)
-    # and its direction; `metrics` are the keys the summary always holds (null without
-    # validation data).
+    # The validation metric that decides "better" (best checkpoint, early stopping, a
+    # sweeper's objective) and its direction; `task.monitor` / `task.mode` override them.
     monitor: str = "val_loss"
     mode: str = "min"  # min | max
-    metrics: tuple[str, ...] = ("val_loss",)
     # Tokens a sample holds (a language model: its block size), for tokens/s beside
     # samples/s; None where a sample is not made of tokens.
     tokens_per_sample: int | None = None
-    # The field names a dict sample (a Hugging Face dataset's, your own) is read by, in
-    # order of preference; `data.fields.inputs` / `data.fields.targets` override them.
-    input_fields: tuple[str, ...] = ("inputs", "pixel_values", "image", "img", "x")
-    target_fields: tuple[str, ...] = ("targets", "label", "labels", "fine_label", "y")
+    # The field names `split` reads a dict batch by, in order of preference
+    # (`data.fields.inputs` / `data.fields.targets` override them); none: the task reads
+    # its batches itself, and the samples' fields are not checked before the run.
+    input_fields: tuple[str, ...] = ()
+    target_fields: tuple[str, ...] = ()
     targets_optional: bool = False  # True: a sample without a target field is readable
 
-    def from_fields(self, inputs: Any, targets: Any | None) -> Batch:
+    def split(self, batch: Batch) -> tuple[Any, Any]:
+        """(inputs, targets) of a batch: a pair as it is, a dict by the task's field names
+        (first present wins), as `from_fields` makes them."""
+        if not isinstance(batch, Mapping):
+            inputs, targets = batch
+            return inputs, targets
+        inputs = next((name for name in self.input_fields if name in batch), None)
+        targets = next((name for name in self.target_fields if name in batch), None)
+        if inputs is None or (targets is None and not self.targets_optional):
+            raise ConfigError(self.unreadable(batch))
+        return self.from_fields(batch[inputs], None if targets is None else batch[targets])
+
+    def unreadable(self, batch: Mapping[str, Any]) -> str:
+        """The line for a dict batch whose fields `split` cannot find."""
+        return (
+            f"task._target_={task_name(self)!r} cannot read the samples: their fields are "
+            f"{', '.join(map(str, batch)) or 'none'}; it reads {self.wanted()}; name yours "
+            "with data.fields.inputs=NAME data.fields.targets=NAME"
+        )
+
+    def wanted(self) -> str:
+        wanted = f"inputs from one of: {', '.join(self.input_fields)}"
+        if not self.targets_optional:
+            wanted += f"; targets from one of: {', '.join(self.target_fields)}"
+        return wanted
+
+    def from_fields(self, inputs: Any, targets: Any | None) -> tuple[Any, Any]:
         """(inputs, targets) from a dict batch's fields (targets None: the sample has none,
         allowed where `targets_optional`)."""
         return inputs, targets
 
     @abstractmethod
-    def loss(self, model: nn.Module, inputs: Any, targets: Any) -> Loss:
+    def loss(self, model: nn.Module, batch: Batch) -> Loss:
         """The batch's mean loss, a scalar tensor with a graph back to the parameters; or
         `(loss, {name: scalar tensor})`, the terms logged beside it as train/<name>."""
 
     def loss_terms(
-        self, model: nn.Module, inputs: Any, targets: Any
+        self, model: nn.Module, batch: Batch
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """`loss` as (the loss, its logged terms, maybe none), checked on the host only:
         a form the trainer cannot log is one line."""
-        value = self.loss(model, inputs, targets)
+        value = self.loss(model, batch)
         loss, terms = value if isinstance(value, tuple) and len(value) == 2 else (value, {})
         wrong = _wrong_loss(loss, terms)
         if wrong:
-            name = f"{type(self).__module__}.{type(self).__qualname__}"
-            raise ConfigError(f"task._target_={name!r} is not allowed; its loss returned {wrong}")
+            raise ConfigError(
+                f"task._target_={task_name(self)!r} is not allowed; its loss returned {wrong}"
+            )
         return loss, terms
 
-    def count(self, inputs: Any, targets: Any) -> int:
-        """How many samples the batch covers (from shapes: no device read)."""
-        return len(targets)
+    def count(self, batch: Batch) -> int:
+        """How many samples the batch covers: the leading size of its first tensor (from
+        shapes: no device read)."""
+        leaves = tree_leaves(batch)
+        first = next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
+        if first is None or first.dim() == 0:
+            raise ConfigError(
+                f"task._target_={task_name(self)!r} is not allowed; a batch holds no tensor with "
+                "a batch dimension to count its samples by: override Task.count(batch)"
+            )
+        return first.shape[0]
+
+    def eval_step(self, model: nn.Module, batch: Batch) -> tuple[Any, Any]:
+        """A validation batch's (predictions, targets), which each metric is updated with
+        (under `torch.inference_mode()` and autocast; tensors, left on the device). Default:
+        the model's outputs for the batch's inputs and its targets (`split`)."""
+        inputs, targets = self.split(batch)
+        return model(inputs), targets
 
     @abstractmethod
-    def eval_sums(self, model: nn.Module, inputs: Any, targets: Any) -> dict[str, torch.Tensor]:
-        """Per-batch sums (scalar tensors on the device) that `eval_metrics` turns into
-        metrics once summed over every batch and rank."""
+    def val_metrics(self) -> dict[str, Metric]:
+        """The task's own validation metrics by name (logged as val/<name>, the summary's
+        val_<name>): torchmetrics.Metric objects (tasks/metrics.py has small ones), made
+        once; each is updated with every `eval_step`'s (predictions, targets)."""
 
-    @abstractmethod
-    def eval_metrics(self, sums: dict[str, float], count: int) -> dict[str, float]:
-        """The validation metrics (keys `metrics`) from the sums over `count` samples."""
+    @property
+    def validation(self) -> dict[str, Metric]:
+        """Every metric a validation updates: the task's own, then those `task.metrics`
+        adds (build_task)."""
+        if "_validation" not in vars(self):
+            self._validation = dict(self.val_metrics())
+        return self._validation
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The summary's keys of the validation metrics (null without validation data)."""
+        return tuple(f"val_{name}" for name in self.validation)
 
     @abstractmethod
     def example_batch(self, batch_size: int, device: torch.device) -> Batch:
-        """A batch shaped like the training data, for the batch-size finder and the FLOP
-        counter (random values are fine: they measure memory and arithmetic, not learning)."""
+        """A batch in the loader's form (a pair, a dict of fields ...) shaped like the
+        training data, for the batch-size finder, the planner and the FLOP counter (random
+        values are fine: they measure memory and arithmetic, not learning)."""
 
 
 def _describe(value: Any) -> str:
@@ -113,12 +179,16 @@ def _wrong_loss(loss: Any, terms: Any) -> str | None:
 
 
 def build_task(node: DictConfig) -> Task:
-    """The task the `task` node names, or a one-line ConfigError."""
+    """The task the `task` node names, with the metrics `task.metrics` adds and the
+    `task.monitor` / `task.mode` it is judged by, or a one-line ConfigError."""
     options = OmegaConf.to_container(node, resolve=True)
+    added, monitor, mode = (options.pop(key, None) for key in TRAINER_KEYS["task"])
     task = instantiate("task", options)
     if not isinstance(task, Task):
         raise ConfigError(
             f"task._target_={options['_target_']!r} is not allowed; it built a "
             f"{type(task).__name__}, expected a subclass of gearshift.tasks.Task"
         )
+    task.monitor, task.mode = monitor or task.monitor, mode or task.mode
+    task.validation.update(build_metrics(added, task.validation))
     return task

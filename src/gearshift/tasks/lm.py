@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchmetrics import Metric
 
 from gearshift.config import ConfigError
 from gearshift.tasks.base import Batch, Task
+from gearshift.tasks.metrics import Derived, TokenCrossEntropy, perplexity
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,6 @@ class SampleSettings:
 
 class LanguageModel(Task):
     monitor, mode = "val_loss", "min"
-    metrics = ("val_loss", "val_perplexity")
     # Hugging Face's causal-LM fields: `input_ids` and, optionally, `labels` (the same
     # positions, -100 where no loss is taken); both are shifted here to next-token pairs.
     input_fields, target_fields, targets_optional = ("input_ids",), ("labels",), True
@@ -72,9 +73,7 @@ class LanguageModel(Task):
                 f"task.bytes_per_token={bytes_per_token!r} is not allowed; expected a number > 0 "
                 "(or null: no val_bpb)"
             )
-        self.bytes_per_token = bytes_per_token
-        if bytes_per_token is not None:
-            self.metrics = (*self.metrics, "val_bpb")
+        self.bytes_per_token = bytes_per_token  # None: no val_bpb
         # text samples at validations (observe/samples.py draws them; None: off)
         self.sampling = None
         if sample_every is not None:
@@ -82,30 +81,26 @@ class LanguageModel(Task):
                 sample_every, sample_prompt, sample_tokens, sample_count, sample_temperature
             )
 
-    def from_fields(self, inputs: torch.Tensor, targets: torch.Tensor | None) -> Batch:
+    def from_fields(
+        self, inputs: torch.Tensor, targets: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Windows of block_size + 1 tokens: each position predicts the next one."""
         targets = inputs if targets is None else targets
         return inputs[:, :-1], targets[:, 1:]
 
-    def loss(self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        inputs, targets = self.split(batch)
         logits = model(inputs)
         return F.cross_entropy(
             logits.flatten(0, 1).float(), targets.flatten(), ignore_index=self.ignore_index
         )
 
-    def eval_sums(
-        self, model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        logits = model(inputs).flatten(0, 1).float()
-        targets = targets.flatten()
-        loss = F.cross_entropy(logits, targets, ignore_index=self.ignore_index, reduction="sum")
-        return {"loss": loss, "tokens": (targets != self.ignore_index).sum()}
-
-    def eval_metrics(self, sums: dict[str, float], count: int) -> dict[str, float]:
-        val_loss = sums["loss"] / max(sums["tokens"], 1)  # per predicted token, not per sequence
-        metrics = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 80.0))}
+    def val_metrics(self) -> dict[str, Metric]:
+        loss = TokenCrossEntropy(self.ignore_index)  # per predicted token, not per sequence
+        metrics = {"loss": loss, "perplexity": Derived(loss, perplexity)}
         if self.bytes_per_token is not None:  # nats per token -> bits per token -> per byte
-            metrics["val_bpb"] = val_loss / math.log(2) / self.bytes_per_token
+            bytes_per_token = self.bytes_per_token
+            metrics["bpb"] = Derived(loss, lambda nats: nats / math.log(2) / bytes_per_token)
         return metrics
 
     def example_batch(self, batch_size: int, device: torch.device) -> Batch:
