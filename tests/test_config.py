@@ -56,7 +56,7 @@ def test_command_line_beats_experiment():
         ("optimizer.weight_decay=nan", "optimizer.weight_decay=nan is not allowed"),
         ("optimizer.momentum=-1", "optimizer.momentum=-1.0 is not allowed; expected a number >= 0"),
         (
-            "optimizer.momentum=0 optimizer.nesterov=true",
+            "optimizer.momentum=0 ++optimizer.nesterov=true",  # a keyword SGD takes, added
             "optimizer.nesterov=True is not allowed; it needs optimizer.momentum > 0",
         ),
         (

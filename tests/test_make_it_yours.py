@@ -59,6 +59,14 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
 FILES, COMMAND = readme_example()
 
 
+def page_command(fragment: str) -> list[str]:
+    """The arguments of the page's `train.py` command that holds `fragment`."""
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    (line,) = [l for l in page.splitlines() if "train.py" in l and fragment in l]  # noqa: E741
+    words = shlex.split(line)
+    return words[[w.endswith("train.py") for w in words].index(True) + 1 :]
+
+
 def page_block(header: str) -> str:
     """The text of the page's python block that opens with the line `header`, after it."""
     page = (ROOT / "docs" / "make-it-yours.md").read_text()
@@ -361,7 +369,7 @@ def test_an_optimizer_of_ones_own_steps_by_its_rule_and_saves_its_state_by_name(
     try:
         result = fit(
             make_cfg(*SMALL, "max_steps=3", "optimizer._target_=myproject.optim.Lion",
-                     f"optimizer.lr={lr}", "optimizer.weight_decay=0",
+                     f"optimizer.lr={lr}", "optimizer.weight_decay=0", "optimizer.momentum=null",
                      "optimizer.schedule=constant"),
             own_package / "run",
         )  # fmt: skip
@@ -400,3 +408,26 @@ def test_a_schedule_of_ones_own_sets_each_steps_lr(own_package):
     assert result.summary["steps"] == 6
     assert lrs == [0.08 * thirds(step, 6) for step in range(6)]
     assert lrs == [0.08, 0.08, 0.04, 0.04, 0.02, 0.02]  # halved after each third
+
+
+def test_an_optimizers_own_keywords_reach_it(tmp_path):
+    args = page_command("++optimizer.alpha=0.95")
+    done = train_in_process(*args, *SMALL, "max_steps=2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = only_summary(tmp_path)
+    assert summary["gears"]["optimizer"] == "torch.optim.RMSprop"
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (group,) = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["optimizer"][
+        "param_groups"
+    ]
+    # its own keywords and the default node's, not RMSprop's defaults (alpha 0.99, momentum 0)
+    assert (group["alpha"], group["momentum"], group["weight_decay"]) == (0.95, 0.9, 5e-4)
+    assert group["initial_lr"] == 0.05 and not group["centered"]
+
+
+def test_a_keyword_the_optimizer_does_not_take_is_one_line(tmp_path):
+    done = train_in_process(*page_command("++optimizer.alpah=0.95"), *SMALL, cwd=tmp_path)
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    line = re.search(r"`(error: optimizer\.alpah=.*?)`", page)[1]  # the page's line, verbatim
+    assert_one_line_error(done, tmp_path, line.removeprefix("error: "))
+    assert done.stderr.strip() == line

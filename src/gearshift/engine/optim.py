@@ -11,21 +11,23 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from gearshift.config import ConfigError
 from gearshift.config.rules import locate
-from gearshift.config.schema import OPTIMIZER_CLASS, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
+from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
 
 
 def build_optimizers(
-    model: nn.Module, cfg: OptimizerConfig, total_steps: int | None = None, fsdp: bool = False
+    model: nn.Module, cfg: DictConfig, total_steps: int | None = None, fsdp: bool = False
 ) -> Optimizers:
-    """The optimizers `cfg` names over `model`'s parameters, each with the lr schedule of a
-    run of `total_steps` (None: no schedules, for probes that take a step or two)."""
-    if cfg.name == "muon" and not cfg._target_:
+    """The optimizers the optimizer node `cfg` names over `model`'s parameters, each with
+    the lr schedule of a run of `total_steps` (None: no schedules, for probes that take a
+    step or two)."""
+    if OptimizerConfig.is_muon(cfg):
         optimizers = build_muon(model, cfg)
     else:
         optimizers = [one_optimizer(model, cfg)]
@@ -36,36 +38,52 @@ def build_optimizers(
     return Optimizers(model, optimizers, schedules, fsdp)
 
 
-def one_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """SGD or AdamW, or the class `optimizer._target_` names: a torch.optim.Optimizer
-    subclass built as `cls(parameter_groups, lr=optimizer.lr, weight_decay=...)`."""
-    params = parameter_groups(model, cfg.weight_decay, cfg.weight_decay_1d)
-    if cfg._target_:
-        optimizer_class = locate("optimizer._target_", cfg._target_, OPTIMIZER_CLASS)
-        return optimizer_class(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    # fused: one kernel for the whole update; foreach: one kernel per op across all tensors.
-    common = {
-        "lr": cfg.lr,
-        "weight_decay": cfg.weight_decay,
-        "foreach": cfg.foreach,
-        "fused": cfg.fused or None,
-    }
-    if cfg.name == "sgd":
-        return torch.optim.SGD(params, momentum=cfg.momentum, nesterov=cfg.nesterov, **common)
-    return torch.optim.AdamW(params, betas=tuple(cfg.betas), **common)
+def optimizer_label(cfg: DictConfig) -> str:
+    """gears.optimizer: the preset's name (sgd, adamw, muon) while its class is built, else
+    the class named in its place."""
+    target = OptimizerConfig.target(cfg)
+    return cfg.name if cfg.get("name") and PRESET_CLASSES.get(cfg.name) == target else target
+
+
+def one_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
+    """The class `optimizer._target_` names, built as `cls(parameter groups, **keywords)`:
+    the node's keys but the loop's (OptimizerConfig.keywords)."""
+    keywords = plain(OptimizerConfig.keywords(cfg))
+    params = parameter_groups(model, keywords.get("weight_decay"), cfg.weight_decay_1d)
+    return build("optimizer", OptimizerConfig.target(cfg), params, keywords)
+
+
+def plain(keywords: dict[str, Any]) -> dict[str, Any]:
+    """The config's values as torch takes them: lists as tuples (betas)."""
+    values = OmegaConf.to_container(OmegaConf.create(keywords)) if keywords else {}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+
+
+def build(node: str, target: str, first: Any, keywords: dict[str, Any]) -> Any:
+    """`cls(first, **keywords)` for the class `target` names; one line naming the node when
+    the class rejects a value (its keywords were checked before the run)."""
+    cls = locate(f"{node}._target_", target)
+    try:
+        return cls(first, **keywords)
+    except (TypeError, ValueError, RuntimeError) as error:
+        line = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"{node}._target_={target!r} could not be built: {type(error).__name__}: {line}"
+        ) from None
 
 
 def parameter_groups(
-    model: nn.Module, weight_decay: float, decay_1d: bool
+    model: nn.Module, weight_decay: float | None, decay_1d: bool
 ) -> list[dict[str, object]]:
     """One group, or (decay_1d=false, as nanoGPT) the matrices (weights, embeddings: 2-D and
     up) decayed and the 1-D parameters (biases, norm gains) not: decay pulls a LayerNorm's
-    gain towards 0, not towards its neutral 1."""
+    gain towards 0, not towards its neutral 1. No weight_decay: the class's default."""
     params = list(model.parameters())
     if decay_1d:
         return [{"params": params}]
+    decayed = {} if weight_decay is None else {"weight_decay": weight_decay}
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() >= 2], **decayed},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return [group for group in groups if group["params"]]
@@ -92,7 +110,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
     return total
 
 
-def schedule_factor(cfg: OptimizerConfig, total_steps: int) -> Callable[[int], float]:
+def schedule_factor(cfg: DictConfig, total_steps: int) -> Callable[[int], float]:
     """The lr of step `step` (0: the first) as a multiple of the peak: a linear warm-up over
     `lr_warmup_steps`, then constant, cosine decay to zero at `total_steps`, or the factor
     of one's own function `optimizer.schedule` names: `factor(step, total_steps)`."""
@@ -263,8 +281,9 @@ def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]
     return hidden, rest
 
 
-def build_muon(model: nn.Module, cfg: OptimizerConfig) -> list[torch.optim.Optimizer]:
-    """[Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr) on the rest]."""
+def build_muon(model: nn.Module, cfg: DictConfig) -> list[torch.optim.Optimizer]:
+    """[Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr and the
+    node's other keywords) on the rest]."""
 
     hidden, rest = muon_split(model)
     if not hidden:
@@ -273,16 +292,14 @@ def build_muon(model: nn.Module, cfg: OptimizerConfig) -> list[torch.optim.Optim
             "weights (Muon orthogonalises matrices; embeddings, heads, convolutions and 1-D "
             "parameters take AdamW): use optimizer=adamw"
         )
-    muon = torch.optim.Muon(
-        hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum
-    )
+    keywords = plain(OptimizerConfig.keywords(cfg))
+    weight_decay = keywords.get("weight_decay")
+    own = {"lr": keywords.pop("muon_lr", None), "weight_decay": weight_decay,
+           "momentum": keywords.pop("muon_momentum", None)}  # fmt: skip
+    muon = torch.optim.Muon(hidden, **{k: v for k, v in own.items() if v is not None})
     groups = [{"params": rest}] if cfg.weight_decay_1d else [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay or 0.0},
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]  # fmt: skip
     groups = [g for g in groups if g["params"]]
-    adamw = torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-        foreach=cfg.foreach, fused=cfg.fused or None,
-    )  # fmt: skip
-    return [muon, adamw]
+    return [muon, build("optimizer", PRESET_CLASSES["adamw"], groups, keywords)]
