@@ -35,7 +35,7 @@ PRESETS = ("experiment", "gear", "sweep", "hparams_search")
 # The nodes built through their _target_, without a dataclass: their default option's file.
 TARGET_NODES = ("data", "model", "task")
 # Open nodes (a class and its keywords) whose own keys a dataclass documents.
-NODE_CLASSES = {"optimizer": "OptimizerConfig"}
+NODE_CLASSES = {"optimizer": "OptimizerConfig", "scheduler": "SchedulerConfig"}
 
 
 def composed_config() -> dict[str, Any]:

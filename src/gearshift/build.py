@@ -383,7 +383,9 @@ def build_run(
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
     batches_per_epoch = len(parts.train_batches)
     total_steps = run_length(cfg, max_steps, batches_per_epoch, ranks, trained)
-    optimizers = build_optimizers(model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp")
+    optimizers = build_optimizers(
+        model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp", scheduler=cfg.scheduler
+    )
     best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
         log.warning("early_stop.patience: no validation data to judge by; it stays off")

@@ -153,10 +153,9 @@ class OptimizerConfig:
     lr: float = 0.05  # the peak learning rate (AdamW's under muon), a keyword of the class
     fused: bool = False  # true: passed as fused=True, one kernel for the update; false: not passed
     foreach: bool | None = None  # passed when set: one kernel per op over all tensors
-    # the loop's keys, never passed to the class:
-    weight_decay_1d: bool = (
-        True  # false: the parameter groups: biases and norm gains not decayed (nanoGPT)
-    )
+    # the loop's (this key and those below, never passed): the parameter groups; false:
+    # the biases and norm gains apart, not decayed (nanoGPT)
+    weight_decay_1d: bool = True
     set_to_none: bool = False  # zero_grad(set_to_none=True): free the gradients (tip 12)
     # SCHEDULES, or one's own function factor(step, total_steps) -> float (module.name):
     # the lr over the run's steps, after the warm-up, as a multiple of `lr`
@@ -236,6 +235,42 @@ class OptimizerConfig:
             keywords = {k: v for k, v in keywords.items() if k not in MUON_KEYS}
             target = PRESET_CLASSES["adamw"]
         check_keywords("optimizer", target, keywords)
+
+
+SCHEDULER_CLASS = (
+    "expected an importable torch.optim.lr_scheduler.LRScheduler subclass (module.Name) that "
+    "steps without a metric, or null: optimizer.schedule"
+)
+
+
+@dataclass
+class SchedulerConfig:
+    """The scheduler node: `_target_`, a torch.optim.lr_scheduler class (torch's or one's
+    own), built per optimizer as `cls(optimizer, **the node's other keys)` and stepped once
+    per optimizer step, after the warm-up of optimizer.lr_warmup_steps; a class that takes
+    `total_steps` and is not given it gets the steps it schedules (the run's, less the
+    warm-up). Null: the built-in schedule, optimizer.schedule."""
+
+    _target_: str | None = None  # the class (module.Name); null: optimizer.schedule
+
+    @staticmethod
+    def check_node(node: DictConfig, optimizer: DictConfig) -> None:
+        """A scheduler class with the keywords it takes, in place of optimizer.schedule."""
+        target = node.get("_target_")
+        if target is None:
+            return
+        found = locate("scheduler._target_", target, SCHEDULER_CLASS)
+        bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
+        lr_scheduler = "torch.optim.lr_scheduler."
+        if f"{lr_scheduler}LRScheduler" not in bases or f"{lr_scheduler}ReduceLROnPlateau" in bases:
+            fail("scheduler._target_", target, SCHEDULER_CLASS)
+        if optimizer.schedule != "cosine":
+            fail(
+                "optimizer.schedule", optimizer.schedule,
+                f"scheduler._target_={target} is the schedule: leave optimizer.schedule at cosine",
+            )  # fmt: skip
+        keywords = {k: v for k, v in node.items() if k != "_target_"}
+        check_keywords("scheduler", target, keywords, given=("total_steps",))
 
 
 def number(node: DictConfig, key: str, at: str, expected: str) -> float | None:
@@ -479,6 +514,8 @@ class Config:
     dataloader: DataLoaderConfig = MISSING
     # a torch.optim.Optimizer class (_target_) and its keywords, beside the loop's own keys
     optimizer: dict[str, Any] = field(default_factory=OptimizerConfig.loop_defaults)
+    # a torch.optim.lr_scheduler class (_target_) and its keywords; null: optimizer.schedule
+    scheduler: dict[str, Any] = field(default_factory=lambda: {"_target_": None})
     amp: AmpConfig = MISSING
     memory_format: MemoryFormatConfig = MISSING
     compile: CompileConfig = MISSING

@@ -1,8 +1,9 @@
 """The run's optimizers and their learning-rate schedules as one stateful thing
 (`Optimizers`, built by `build_optimizers`), and gradient clipping.
 
-One's own optimizer class (`optimizer._target_`) and schedule (`optimizer.schedule`
-naming a function) plug in here: docs/make-it-yours.md."""
+An optimizer class with its keywords (`optimizer._target_`), a scheduler class with its
+(`scheduler._target_`) and one's own schedule (`optimizer.schedule` naming a function) plug
+in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 
@@ -14,28 +15,87 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from gearshift.config import ConfigError
+from gearshift.config.instantiate import accepts
 from gearshift.config.rules import locate
 from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
 
 
 def build_optimizers(
-    model: nn.Module, cfg: DictConfig, total_steps: int | None = None, fsdp: bool = False
+    model: nn.Module,
+    cfg: DictConfig,
+    total_steps: int | None = None,
+    fsdp: bool = False,
+    scheduler: DictConfig | None = None,
 ) -> Optimizers:
     """The optimizers the optimizer node `cfg` names over `model`'s parameters, each with
     the lr schedule of a run of `total_steps` (None: no schedules, for probes that take a
-    step or two)."""
+    step or two): the scheduler node's class, or (None, or its _target_ null) the built-in."""
     if OptimizerConfig.is_muon(cfg):
         optimizers = build_muon(model, cfg)
     else:
         optimizers = [one_optimizer(model, cfg)]
     schedules = None
     if total_steps is not None:
-        factor = schedule_factor(cfg, total_steps)
-        schedules = [LambdaLR(optimizer, factor) for optimizer in optimizers]
+        schedules = [build_schedule(o, cfg, scheduler, total_steps) for o in optimizers]
     return Optimizers(model, optimizers, schedules, fsdp)
+
+
+def build_schedule(
+    optimizer: torch.optim.Optimizer, cfg: DictConfig, scheduler: DictConfig | None,
+    total_steps: int,
+) -> Schedule:  # fmt: skip
+    """`optimizer`'s lr schedule: the scheduler node's class after the warm-up of
+    optimizer.lr_warmup_steps, or the built-in's factor (warm-up included) as a LambdaLR."""
+    target = None if scheduler is None else scheduler.get("_target_")
+    if target is None:
+        return LambdaLR(optimizer, schedule_factor(cfg, total_steps))
+    warmup = cfg.lr_warmup_steps
+    keywords = plain({k: v for k, v in scheduler.items() if k != "_target_"})
+    if "total_steps" not in keywords and accepts(
+        locate("scheduler._target_", target), "total_steps", by_name=True
+    ):
+        keywords["total_steps"] = max(1, total_steps - warmup)  # the steps it schedules
+    schedule = build("scheduler", target, optimizer, keywords)
+    return Warmup(optimizer, warmup, schedule) if warmup else schedule
+
+
+class Warmup:
+    """A linear warm-up of every group's lr over `steps` optimizer steps (step k: (k + 1) /
+    steps of the group's peak, its initial_lr), then `schedule` from its own first step:
+    the lr it set when built comes back, and each later step is its step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, steps: int, schedule: LRScheduler):
+        self.optimizer, self.steps, self.schedule = optimizer, steps, schedule
+        self.after = [group["lr"] for group in optimizer.param_groups]  # the schedule's first
+        self.step_count = 0
+        self._warm()
+
+    def _warm(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * (self.step_count + 1) / self.steps
+
+    def step(self) -> None:
+        self.step_count += 1
+        if self.step_count < self.steps:
+            self._warm()
+        elif self.step_count == self.steps:  # a chained schedule goes on from its own lr
+            for group, lr in zip(self.optimizer.param_groups, self.after, strict=True):
+                group["lr"] = lr
+        else:
+            self.schedule.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step_count": self.step_count, "schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count = state["step_count"]
+        self.schedule.load_state_dict(state["schedule"])
+
+
+Schedule = LRScheduler | Warmup
 
 
 def optimizer_label(cfg: DictConfig) -> str:
@@ -151,7 +211,7 @@ class Optimizers:
         self,
         model: nn.Module,
         optimizers: list[torch.optim.Optimizer],
-        schedules: list[LambdaLR] | None = None,
+        schedules: list[Schedule] | None = None,
         fsdp: bool = False,
     ) -> None:
         """`model`: the module whose parameters they update (its parameter names key the
