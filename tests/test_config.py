@@ -156,6 +156,24 @@ BAD_INPUT = [
         "optimizer=adamw optimizer.betas=[0.9]",
         "optimizer.betas=[0.9] is not allowed; expected two numbers >= 0 and < 1",
     ),
+    (  # a preset's class takes the keywords it takes, no other
+        "optimizer=adamw ++optimizer.momentum=0.9",
+        "optimizer.momentum=0.9 is not allowed; torch.optim.AdamW takes no keyword 'momentum'; "
+        "its keywords: lr, betas, eps, weight_decay, amsgrad, maximize, foreach, capturable, "
+        "differentiable, fused",
+    ),
+    (  # its step needs a metric: not stepped once per optimizer step
+        "++scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau",
+        "scheduler._target_='torch.optim.lr_scheduler.ReduceLROnPlateau' is not allowed; "
+        "expected an importable torch.optim.lr_scheduler.LRScheduler subclass (module.Name) "
+        "that steps without a metric, or null: optimizer.schedule",
+    ),
+    (
+        "++scheduler._target_=torch.optim.lr_scheduler.StepLR ++scheduler.step_size=5 "
+        "optimizer.schedule=constant",
+        "optimizer.schedule='constant' is not allowed; scheduler._target_="
+        "torch.optim.lr_scheduler.StepLR is the schedule: leave optimizer.schedule at cosine",
+    ),
 ]
 if not torch.cuda.is_available():
     BAD_INPUT.append(
