@@ -115,7 +115,7 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
     pool = [to_device(b, device, False, layout) for b in islice(train, POOL)]  # no pipeline
     task = build_task(cfg.task)
     model = build_model(cfg.model, device, layout)
-    optimizers = build_optimizers(model, cfg.optimizer, cfg.max_steps)
+    optimizers = build_optimizers(model, cfg.optimizer, cfg.max_steps, scheduler=cfg.scheduler)
     step, samples, marks = 0, 0, []
     while step < cfg.max_steps:
         images, labels = pool[step % len(pool)]

@@ -34,6 +34,8 @@ REFERENCE_PAGE = "config-reference.md"
 PRESETS = ("experiment", "gear", "sweep", "hparams_search")
 # The nodes built through their _target_, without a dataclass: their default option's file.
 TARGET_NODES = ("data", "model", "task")
+# Open nodes (a class and its keywords) whose own keys a dataclass documents.
+NODE_CLASSES = {"optimizer": "OptimizerConfig", "scheduler": "SchedulerConfig"}
 
 
 def composed_config() -> dict[str, Any]:
@@ -209,7 +211,7 @@ def reference() -> str:
         if not isinstance(value, dict):
             continue
         out += [f"## `{node}`", ""]
-        kind = re.sub(r"\s*=.*", "", top.get(node, {}).get("type", ""))
+        kind = NODE_CLASSES.get(node) or re.sub(r"\s*=.*", "", top.get(node, {}).get("type", ""))
         options = group_options(node) if node not in PRESETS else []
         intro = docs.get(kind, "") or top.get(node, {}).get("comment", "")
         if node in TARGET_NODES and node in choices:

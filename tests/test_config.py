@@ -57,7 +57,7 @@ def test_command_line_beats_experiment():
         ("optimizer.weight_decay=nan", "optimizer.weight_decay=nan is not allowed"),
         ("optimizer.momentum=-1", "optimizer.momentum=-1.0 is not allowed; expected a number >= 0"),
         (
-            "optimizer.momentum=0 optimizer.nesterov=true",
+            "optimizer.momentum=0 ++optimizer.nesterov=true",  # a keyword SGD takes, added
             "optimizer.nesterov=True is not allowed; it needs optimizer.momentum > 0",
         ),
         (
@@ -164,6 +164,24 @@ BAD_INPUT = [
     (
         "optimizer=adamw optimizer.betas=[0.9]",
         "optimizer.betas=[0.9] is not allowed; expected two numbers >= 0 and < 1",
+    ),
+    (  # a preset's class takes the keywords it takes, no other
+        "optimizer=adamw ++optimizer.momentum=0.9",
+        "optimizer.momentum=0.9 is not allowed; torch.optim.AdamW takes no keyword 'momentum'; "
+        "its keywords: lr, betas, eps, weight_decay, amsgrad, maximize, foreach, capturable, "
+        "differentiable, fused",
+    ),
+    (  # its step needs a metric: not stepped once per optimizer step
+        "++scheduler._target_=torch.optim.lr_scheduler.ReduceLROnPlateau",
+        "scheduler._target_='torch.optim.lr_scheduler.ReduceLROnPlateau' is not allowed; "
+        "expected an importable torch.optim.lr_scheduler.LRScheduler subclass (module.Name) "
+        "that steps without a metric, or null: optimizer.schedule",
+    ),
+    (
+        "++scheduler._target_=torch.optim.lr_scheduler.StepLR ++scheduler.step_size=5 "
+        "optimizer.schedule=constant",
+        "optimizer.schedule='constant' is not allowed; scheduler._target_="
+        "torch.optim.lr_scheduler.StepLR is the schedule: leave optimizer.schedule at cosine",
     ),
 ]
 if not torch.cuda.is_available():

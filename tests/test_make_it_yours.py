@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -30,13 +31,16 @@ from helpers import (
     seconds,
     train_in_process,
 )
+from omegaconf import OmegaConf
 from sklearn.metrics import accuracy_score, f1_score
+from test_checkpoint import stop_and_resume
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
 )
 
 from gearshift.data.loading import build_data
+from gearshift.engine.optim import build_schedule
 from gearshift.models.factory import build_model
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.trainer import fit
@@ -374,7 +378,7 @@ def test_an_optimizer_of_ones_own_steps_by_its_rule_and_saves_its_state_by_name(
     try:
         result = fit(
             make_cfg(*SMALL, "max_steps=3", "optimizer._target_=myproject.optim.Lion",
-                     f"optimizer.lr={lr}", "optimizer.weight_decay=0",
+                     f"optimizer.lr={lr}", "optimizer.weight_decay=0", "optimizer.momentum=null",
                      "optimizer.schedule=constant"),
             own_package / "run",
         )  # fmt: skip
@@ -518,3 +522,80 @@ def test_a_metric_that_raises_at_a_validation_saves_a_checkpoint_then_is_one_lin
         f"error: validation at step 2: task.metrics.broken raised ValueError: the metric broke; "
         f"checkpoint {saved} holds the weights"
     ]
+
+
+def test_an_optimizers_own_keywords_reach_it(tmp_path):
+    args = page_command("++optimizer.alpha=0.95")
+    done = train_in_process(*args, *SMALL, "max_steps=2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = only_summary(tmp_path)
+    assert summary["gears"]["optimizer"] == "torch.optim.RMSprop"
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    (group,) = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["optimizer"][
+        "param_groups"
+    ]
+    # its own keywords and the default node's, not RMSprop's defaults (alpha 0.99, momentum 0)
+    assert (group["alpha"], group["momentum"], group["weight_decay"]) == (0.95, 0.9, 5e-4)
+    assert group["initial_lr"] == 0.05 and not group["centered"]
+
+
+def test_a_keyword_the_optimizer_does_not_take_is_one_line(tmp_path):
+    done = train_in_process(*page_command("++optimizer.alpah=0.95"), *SMALL, cwd=tmp_path)
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    line = re.search(r"`(error: optimizer\.alpah=.*?)`", page)[1]  # the page's line, verbatim
+    assert_one_line_error(done, tmp_path, line.removeprefix("error: "))
+    assert done.stderr.strip() == line
+
+
+def lr_per_step(run_dir: Path) -> dict[int, float]:
+    with (run_dir / "metrics.csv").open(newline="") as file:
+        return {int(step): float(value) for step, name, value in list(csv.reader(file))[1:]
+                if name == "train/lr"}  # fmt: skip
+
+
+def test_a_scheduler_class_restarts_the_lr_and_resumes_on_its_curve(tmp_path):
+    args = page_command("++scheduler.T_0=10")
+    cfg = partial(make_cfg, *args, *SMALL, "max_steps=25", "logger=csv", "log_every_n_steps=1")
+    for run in ("whole", "stopped"):  # made by Hydra when train.py runs
+        (tmp_path / run).mkdir()
+    fit(cfg(), tmp_path / "whole")
+    lrs = lr_per_step(tmp_path / "whole")
+    assert sorted(lrs) == list(range(1, 26))
+    restarts = [step for step in lrs if step > 1 and lrs[step] > lrs[step - 1]]
+    assert restarts == [10, 20] and lrs[10] == lrs[20] == 0.05  # back to the peak every 10
+    assert lrs[1] == lrs[11] == lrs[21] < 0.05
+    saved, _ = stop_and_resume(cfg, tmp_path / "stopped", step=13)  # mid-cycle
+    assert saved["position"]["step"] == 13 and saved["optimizer"]["schedules"][0]["T_cur"] == 3
+    assert lr_per_step(tmp_path / "stopped") == lrs  # the same curve, step by step
+
+
+def test_a_keyword_the_scheduler_needs_is_one_line(tmp_path):
+    args = [a for a in page_command("++scheduler.T_0=10") if "T_0" not in a]
+    done = train_in_process(*args, *SMALL, cwd=tmp_path)
+    page = (ROOT / "docs" / "make-it-yours.md").read_text()
+    line = re.search(r"`(error: scheduler\.T_0=.*?)`", page)[1]
+    assert_one_line_error(done, tmp_path, line.removeprefix("error: "))
+    assert done.stderr.strip() == line
+
+
+def test_the_warm_up_comes_before_a_scheduler_class_and_resumes_within_it():
+    node = OmegaConf.create({"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 2, "gamma": 0.5})  # fmt: skip
+    cfg = make_cfg("optimizer.lr=0.8", "optimizer.lr_warmup_steps=4").optimizer
+
+    def run(steps: int, state: dict | None = None) -> tuple[list[float], dict]:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.8)
+        schedule = build_schedule(optimizer, cfg, node, total_steps=10)
+        if state is not None:
+            schedule.load_state_dict(state)
+            optimizer.param_groups[0]["lr"] = state["lr"]  # as the optimizer's own state does
+        lrs = []
+        for _ in range(steps):
+            lrs.append(optimizer.param_groups[0]["lr"])
+            schedule.step()
+        return lrs, schedule.state_dict() | {"lr": optimizer.param_groups[0]["lr"]}
+
+    lrs, _ = run(10)
+    assert lrs == pytest.approx([0.2, 0.4, 0.6, 0.8, 0.8, 0.8, 0.4, 0.4, 0.2, 0.2])
+    first, state = run(3)  # stopped within the warm-up
+    rest, _ = run(7, state)
+    assert first + rest == lrs

@@ -30,7 +30,7 @@ from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets
 from gearshift.data.streams import stream_length, stream_position
 from gearshift.engine.ema import EMA, build_ema
-from gearshift.engine.optim import Optimizers, build_optimizers
+from gearshift.engine.optim import Optimizers, build_optimizers, optimizer_label
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
 from gearshift.engine.runtime import configure_backends, configure_determinism, seed_everything
 from gearshift.models.blocks import model_blocks
@@ -413,7 +413,9 @@ def build_run(
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
     batches_per_epoch = len(parts.train_batches)
     total_steps = run_length(cfg, max_steps, batches_per_epoch, ranks, trained)
-    optimizers = build_optimizers(model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp")
+    optimizers = build_optimizers(
+        model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp", scheduler=cfg.scheduler
+    )
     best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
         log.warning("early_stop.patience: no validation data to judge by; it stays off")
@@ -513,7 +515,7 @@ def training_gears(cfg: DictConfig, compiled: bool, compile_reason: str, strateg
     return {
         "compile": cfg.compile.mode if compiled else "off",
         "compile_reason": compile_reason,
-        "optimizer": cfg.optimizer._target_ or cfg.optimizer.name,  # one's own class: its name
+        "optimizer": optimizer_label(cfg.optimizer),  # or the class named in its place
         "fused": cfg.optimizer.fused,
         "foreach": cfg.optimizer.foreach,
         "set_to_none": cfg.optimizer.set_to_none,

@@ -68,6 +68,7 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
         _check_channels(cfg)
         s.DeviceTransformsConfig.check_node(cfg.device_transforms)
     s.OptimizerConfig.check_node(cfg.optimizer)
+    s.SchedulerConfig.check_node(cfg.scheduler, cfg.optimizer)
     s.Config.check_device(cfg.device)
 
 

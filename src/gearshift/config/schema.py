@@ -12,9 +12,10 @@ it defined here, beside its field. checks.py runs these and the checks that span
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -122,6 +123,14 @@ class BatchSizeFinderConfig:
 
 
 OPTIMIZERS = ("sgd", "adamw", "muon")
+# The class each preset of conf/optimizer/ builds: gears.optimizer names the preset while its
+# _target_ is this class (muon: Muon on the hidden matrices, AdamW on the rest).
+PRESET_CLASSES = {
+    "sgd": "torch.optim.SGD",
+    "adamw": "torch.optim.AdamW",
+    "muon": "torch.optim.Muon",
+}
+MUON_KEYS = ("muon_lr", "muon_momentum")  # optimizer=muon: Muon's lr and momentum
 SCHEDULES = ("constant", "cosine")
 # What one's own optimizer class and schedule must be (engine/optim.py builds them).
 OPTIMIZER_CLASS = "expected an importable torch.optim.Optimizer subclass (module.Name)"
@@ -133,60 +142,145 @@ SCHEDULE_FUNCTION = (
 
 @dataclass
 class OptimizerConfig:
-    name: str = "sgd"  # OPTIMIZERS; set by the optimizer group
-    # one's own torch.optim.Optimizer subclass (module.Name), built as
-    # cls(parameter groups, lr=lr, weight_decay=weight_decay); it replaces `name`'s
-    _target_: str | None = None
-    lr: float = 0.05  # the peak learning rate (AdamW's under muon)
-    momentum: float = 0.9  # SGD's momentum
-    nesterov: bool = False  # SGD: Nesterov momentum
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's two betas
-    weight_decay: float = 5e-4  # decoupled for AdamW, L2 for SGD
-    weight_decay_1d: bool = True  # false: biases and norm gains are not decayed (nanoGPT)
-    foreach: bool | None = None  # None: torch's default
-    fused: bool = False  # one fused kernel for the update
+    """The optimizer node: `_target_`, a torch.optim.Optimizer class, built with the node's
+    other keys as its keywords (momentum, betas, alpha, ...: whatever the class takes), but
+    for the loop's own keys below (not passed), and null values (the class's default).
+    These are the keys every optimizer node has; the preset (conf/optimizer/) adds its
+    class's keywords, and `++optimizer.KEY=VALUE` any other."""
+
+    _target_: str | None = None  # the class (module.Name); null: the preset `name`'s
+    name: str | None = None  # OPTIMIZERS; the preset, recorded as gears.optimizer
+    lr: float = 0.05  # the peak learning rate (AdamW's under muon), a keyword of the class
+    fused: bool = False  # true: passed as fused=True, one kernel for the update; false: not passed
+    foreach: bool | None = None  # passed when set: one kernel per op over all tensors
+    # the loop's (this key and those below, never passed): the parameter groups; false:
+    # the biases and norm gains apart, not decayed (nanoGPT)
+    weight_decay_1d: bool = True
     set_to_none: bool = False  # zero_grad(set_to_none=True): free the gradients (tip 12)
     # SCHEDULES, or one's own function factor(step, total_steps) -> float (module.name):
     # the lr over the run's steps, after the warm-up, as a multiple of `lr`
     schedule: str = "cosine"
-    lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps
+    lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps, before any schedule
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
-    muon_lr: float = 0.02  # optimizer=muon: Muon's lr on the hidden matrices (lr: AdamW's)
-    muon_momentum: float = 0.95  # optimizer=muon: Muon's momentum
+
+    @staticmethod
+    def loop_defaults() -> dict[str, Any]:
+        """The node's keys and defaults (Config.optimizer's default: an open node, so a
+        preset's and `++` keywords join it)."""
+        return {f.name: f.default for f in fields(OptimizerConfig)}
+
+    @staticmethod
+    def keywords(node: DictConfig | dict[str, Any]) -> dict[str, Any]:
+        """What the class is built with: every key but the loop's and the null ones; fused
+        only when true."""
+        own = {f.name for f in fields(OptimizerConfig)} - {"lr", "fused", "foreach"}
+        return {
+            k: v for k, v in node.items()
+            if k not in own and v is not None and not (k == "fused" and v is False)
+        }  # fmt: skip
+
+    @staticmethod
+    def target(node: DictConfig) -> str | None:
+        """The class the node names: its _target_, else its preset's."""
+        return node.get("_target_") or PRESET_CLASSES.get(str(node.get("name")))
+
+    @staticmethod
+    def is_muon(node: DictConfig) -> bool:
+        """optimizer=muon as its preset builds it (Muon + AdamW), not a class named in place."""
+        return node.get("name") == "muon" and OptimizerConfig.target(node) == PRESET_CLASSES["muon"]
 
     @staticmethod
     def check_node(node: DictConfig) -> None:
         at = "optimizer."
-        check_choice(node, "name", OPTIMIZERS, at)
+        if node.get("name") is not None:
+            check_choice(node, "name", OPTIMIZERS, at)
         if node.schedule not in SCHEDULES:  # one's own: factor(step, total_steps)
             if "." not in str(node.schedule):
                 fail(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
             locate(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
-        if node.get("_target_"):  # one's own optimizer class
-            check_optimizer_class(node._target_)
-        if not node.lr > 0:
-            fail(at + "lr", node.lr, "expected a number > 0")
-        if math.isinf(node.lr):
-            fail(at + "lr", node.lr, "expected a finite number > 0")
-        if not node.weight_decay >= 0:  # NaN too
-            fail(at + "weight_decay", node.weight_decay, "expected a number >= 0")
-        if not node.momentum >= 0:
-            fail(at + "momentum", node.momentum, "expected a number >= 0")
-        if node.nesterov and not node.momentum > 0:
+        target = OptimizerConfig.target(node)
+        check_optimizer_class(target)
+        lr = number(node, "lr", at, "expected a number > 0")
+        if not lr > 0:
+            fail(at + "lr", lr, "expected a number > 0")
+        if math.isinf(lr):
+            fail(at + "lr", lr, "expected a finite number > 0")
+        for key in ("weight_decay", "momentum"):
+            value = number(node, key, at, "expected a number >= 0")
+            if value is not None and not value >= 0:  # NaN too
+                fail(at + key, value, "expected a number >= 0")
+        if node.get("nesterov") and not (node.get("momentum") or 0) > 0:
             fail(at + "nesterov", True, "it needs optimizer.momentum > 0")
-        betas = list(node.betas)
-        if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
-            fail(at + "betas", betas, "expected two numbers >= 0 and < 1")
+        if node.get("betas") is not None:
+            betas = list(node.betas)
+            if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+                fail(at + "betas", betas, "expected two numbers >= 0 and < 1")
         check_int(node, "lr_warmup_steps", 0, prefix=at)
-        clip = node.clip_grad_norm
+        clip = number(node, "clip_grad_norm", at, "expected a number > 0 (or null: no clipping)")
         if clip is not None and not clip > 0:
             fail(at + "clip_grad_norm", clip, "expected a number > 0 (or null: no clipping)")
-        for key in ("muon_lr", "muon_momentum"):
+        for key in MUON_KEYS:
             value = node.get(key)
             if value is not None and not (0 < value < math.inf if key == "muon_lr" else 0 <= value < 1):  # fmt: skip
                 fail(at + key, value, "expected a number > 0" if key == "muon_lr" else "expected 0 <= x < 1")  # fmt: skip
+        for key in ("fused", "weight_decay_1d", "set_to_none"):
+            if not isinstance(node.get(key), bool):
+                fail(at + key, node.get(key), "choose true or false")
+        if node.foreach not in (True, False, None):
+            fail(at + "foreach", node.foreach, "choose true, false or null (torch's default)")
         if node.fused and node.foreach:
             fail(at + "foreach", True, "it cannot be true together with optimizer.fused=true")
+        keywords = OptimizerConfig.keywords(node)
+        if OptimizerConfig.is_muon(node):  # Muon takes muon_*, AdamW the rest
+            keywords = {k: v for k, v in keywords.items() if k not in MUON_KEYS}
+            target = PRESET_CLASSES["adamw"]
+        check_keywords("optimizer", target, keywords)
+
+
+SCHEDULER_CLASS = (
+    "expected an importable torch.optim.lr_scheduler.LRScheduler subclass (module.Name) that "
+    "steps without a metric, or null: optimizer.schedule"
+)
+
+
+@dataclass
+class SchedulerConfig:
+    """The scheduler node: `_target_`, a torch.optim.lr_scheduler class (torch's or one's
+    own), built per optimizer as `cls(optimizer, **the node's other keys)` and stepped once
+    per optimizer step, after the warm-up of optimizer.lr_warmup_steps; a class that takes
+    `total_steps` and is not given it gets the steps it schedules (the run's, less the
+    warm-up). Null: the built-in schedule, optimizer.schedule."""
+
+    _target_: str | None = None  # the class (module.Name); null: optimizer.schedule
+
+    @staticmethod
+    def check_node(node: DictConfig, optimizer: DictConfig) -> None:
+        """A scheduler class with the keywords it takes, in place of optimizer.schedule."""
+        target = node.get("_target_")
+        if target is None:
+            return
+        found = locate("scheduler._target_", target, SCHEDULER_CLASS)
+        bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
+        lr_scheduler = "torch.optim.lr_scheduler."
+        if f"{lr_scheduler}LRScheduler" not in bases or f"{lr_scheduler}ReduceLROnPlateau" in bases:
+            fail("scheduler._target_", target, SCHEDULER_CLASS)
+        if optimizer.schedule != "cosine":
+            fail(
+                "optimizer.schedule", optimizer.schedule,
+                f"scheduler._target_={target} is the schedule: leave optimizer.schedule at cosine",
+            )  # fmt: skip
+        keywords = {k: v for k, v in node.items() if k != "_target_"}
+        check_keywords("scheduler", target, keywords, given=("total_steps",))
+
+
+def number(node: DictConfig, key: str, at: str, expected: str) -> float | None:
+    """The node's `key` as a float (the command line's `-1` an int: said as -1.0), or None."""
+    value = node.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        fail(at + key, value, expected)
+    return float(value)
 
 
 def check_optimizer_class(target: Any) -> None:
@@ -198,6 +292,29 @@ def check_optimizer_class(target: Any) -> None:
     bases = {f"{c.__module__}.{c.__qualname__}" for c in found.__mro__}
     if "torch.optim.optimizer.Optimizer" not in bases:
         fail("optimizer._target_", target, OPTIMIZER_CLASS)
+
+
+def check_keywords(
+    node: str, target: str, keywords: dict[str, Any], given: tuple[str, ...] = ()
+) -> None:
+    """Every key of `keywords` is a keyword of the class `target` names (after its first
+    argument: the parameters, or the optimizer), and each keyword it needs is there or
+    among those the loop `given`s; else one line naming the class's keywords."""
+    found = locate(f"{node}._target_", target)
+    parameters = list(inspect.signature(found).parameters.values())[1:]  # after params/optimizer
+    names = [p.name for p in parameters if p.kind is not p.VAR_KEYWORD]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
+    for key, value in keywords.items():
+        if key not in names and not takes_any:
+            fail(
+                f"{node}.{key}",
+                value,
+                f"{target} takes no keyword {key!r}; its keywords: {', '.join(names)}",
+            )
+    for p in parameters:
+        named = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        if named and p.default is p.empty and p.name not in (*keywords, *given):
+            fail(f"{node}.{p.name}", None, f"{target} needs it: ++{node}.{p.name}=VALUE")
 
 
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
@@ -395,7 +512,10 @@ class Config:
     data: dict[str, Any] = MISSING  # a source: its _target_ builds the datasets (data/sources.py)
     task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)
     dataloader: DataLoaderConfig = MISSING
-    optimizer: OptimizerConfig = MISSING
+    # a torch.optim.Optimizer class (_target_) and its keywords, beside the loop's own keys
+    optimizer: dict[str, Any] = field(default_factory=OptimizerConfig.loop_defaults)
+    # a torch.optim.lr_scheduler class (_target_) and its keywords; null: optimizer.schedule
+    scheduler: dict[str, Any] = field(default_factory=lambda: {"_target_": None})
     amp: AmpConfig = MISSING
     memory_format: MemoryFormatConfig = MISSING
     compile: CompileConfig = MISSING

@@ -1,8 +1,9 @@
 """The run's optimizers and their learning-rate schedules as one stateful thing
 (`Optimizers`, built by `build_optimizers`), and gradient clipping.
 
-One's own optimizer class (`optimizer._target_`) and schedule (`optimizer.schedule`
-naming a function) plug in here: docs/make-it-yours.md."""
+An optimizer class with its keywords (`optimizer._target_`), a scheduler class with its
+(`scheduler._target_`) and one's own schedule (`optimizer.schedule` naming a function) plug
+in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 
@@ -11,61 +12,138 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
 
 from gearshift.config import ConfigError
+from gearshift.config.instantiate import accepts
 from gearshift.config.rules import locate
-from gearshift.config.schema import OPTIMIZER_CLASS, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
+from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
 
 
 def build_optimizers(
-    model: nn.Module, cfg: OptimizerConfig, total_steps: int | None = None, fsdp: bool = False
+    model: nn.Module,
+    cfg: DictConfig,
+    total_steps: int | None = None,
+    fsdp: bool = False,
+    scheduler: DictConfig | None = None,
 ) -> Optimizers:
-    """The optimizers `cfg` names over `model`'s parameters, each with the lr schedule of a
-    run of `total_steps` (None: no schedules, for probes that take a step or two)."""
-    if cfg.name == "muon" and not cfg._target_:
+    """The optimizers the optimizer node `cfg` names over `model`'s parameters, each with
+    the lr schedule of a run of `total_steps` (None: no schedules, for probes that take a
+    step or two): the scheduler node's class, or (None, or its _target_ null) the built-in."""
+    if OptimizerConfig.is_muon(cfg):
         optimizers = build_muon(model, cfg)
     else:
         optimizers = [one_optimizer(model, cfg)]
     schedules = None
     if total_steps is not None:
-        factor = schedule_factor(cfg, total_steps)
-        schedules = [LambdaLR(optimizer, factor) for optimizer in optimizers]
+        schedules = [build_schedule(o, cfg, scheduler, total_steps) for o in optimizers]
     return Optimizers(model, optimizers, schedules, fsdp)
 
 
-def one_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
-    """SGD or AdamW, or the class `optimizer._target_` names: a torch.optim.Optimizer
-    subclass built as `cls(parameter_groups, lr=optimizer.lr, weight_decay=...)`."""
-    params = parameter_groups(model, cfg.weight_decay, cfg.weight_decay_1d)
-    if cfg._target_:
-        optimizer_class = locate("optimizer._target_", cfg._target_, OPTIMIZER_CLASS)
-        return optimizer_class(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    # fused: one kernel for the whole update; foreach: one kernel per op across all tensors.
-    common = {
-        "lr": cfg.lr,
-        "weight_decay": cfg.weight_decay,
-        "foreach": cfg.foreach,
-        "fused": cfg.fused or None,
-    }
-    if cfg.name == "sgd":
-        return torch.optim.SGD(params, momentum=cfg.momentum, nesterov=cfg.nesterov, **common)
-    return torch.optim.AdamW(params, betas=tuple(cfg.betas), **common)
+def build_schedule(
+    optimizer: torch.optim.Optimizer, cfg: DictConfig, scheduler: DictConfig | None,
+    total_steps: int,
+) -> Schedule:  # fmt: skip
+    """`optimizer`'s lr schedule: the scheduler node's class after the warm-up of
+    optimizer.lr_warmup_steps, or the built-in's factor (warm-up included) as a LambdaLR."""
+    target = None if scheduler is None else scheduler.get("_target_")
+    if target is None:
+        return LambdaLR(optimizer, schedule_factor(cfg, total_steps))
+    warmup = cfg.lr_warmup_steps
+    keywords = plain({k: v for k, v in scheduler.items() if k != "_target_"})
+    if "total_steps" not in keywords and accepts(
+        locate("scheduler._target_", target), "total_steps", by_name=True
+    ):
+        keywords["total_steps"] = max(1, total_steps - warmup)  # the steps it schedules
+    schedule = build("scheduler", target, optimizer, keywords)
+    return Warmup(optimizer, warmup, schedule) if warmup else schedule
+
+
+class Warmup:
+    """A linear warm-up of every group's lr over `steps` optimizer steps (step k: (k + 1) /
+    steps of the group's peak, its initial_lr), then `schedule` from its own first step:
+    the lr it set when built comes back, and each later step is its step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, steps: int, schedule: LRScheduler):
+        self.optimizer, self.steps, self.schedule = optimizer, steps, schedule
+        self.after = [group["lr"] for group in optimizer.param_groups]  # the schedule's first
+        self.step_count = 0
+        self._warm()
+
+    def _warm(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * (self.step_count + 1) / self.steps
+
+    def step(self) -> None:
+        self.step_count += 1
+        if self.step_count < self.steps:
+            self._warm()
+        elif self.step_count == self.steps:  # a chained schedule goes on from its own lr
+            for group, lr in zip(self.optimizer.param_groups, self.after, strict=True):
+                group["lr"] = lr
+        else:
+            self.schedule.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step_count": self.step_count, "schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count = state["step_count"]
+        self.schedule.load_state_dict(state["schedule"])
+
+
+Schedule = LRScheduler | Warmup
+
+
+def optimizer_label(cfg: DictConfig) -> str:
+    """gears.optimizer: the preset's name (sgd, adamw, muon) while its class is built, else
+    the class named in its place."""
+    target = OptimizerConfig.target(cfg)
+    return cfg.name if cfg.get("name") and PRESET_CLASSES.get(cfg.name) == target else target
+
+
+def one_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
+    """The class `optimizer._target_` names, built as `cls(parameter groups, **keywords)`:
+    the node's keys but the loop's (OptimizerConfig.keywords)."""
+    keywords = plain(OptimizerConfig.keywords(cfg))
+    params = parameter_groups(model, keywords.get("weight_decay"), cfg.weight_decay_1d)
+    return build("optimizer", OptimizerConfig.target(cfg), params, keywords)
+
+
+def plain(keywords: dict[str, Any]) -> dict[str, Any]:
+    """The config's values as torch takes them: lists as tuples (betas)."""
+    values = OmegaConf.to_container(OmegaConf.create(keywords)) if keywords else {}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+
+
+def build(node: str, target: str, first: Any, keywords: dict[str, Any]) -> Any:
+    """`cls(first, **keywords)` for the class `target` names; one line naming the node when
+    the class rejects a value (its keywords were checked before the run)."""
+    cls = locate(f"{node}._target_", target)
+    try:
+        return cls(first, **keywords)
+    except (TypeError, ValueError, RuntimeError) as error:
+        line = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"{node}._target_={target!r} could not be built: {type(error).__name__}: {line}"
+        ) from None
 
 
 def parameter_groups(
-    model: nn.Module, weight_decay: float, decay_1d: bool
+    model: nn.Module, weight_decay: float | None, decay_1d: bool
 ) -> list[dict[str, object]]:
     """One group, or (decay_1d=false, as nanoGPT) the matrices (weights, embeddings: 2-D and
     up) decayed and the 1-D parameters (biases, norm gains) not: decay pulls a LayerNorm's
-    gain towards 0, not towards its neutral 1."""
+    gain towards 0, not towards its neutral 1. No weight_decay: the class's default."""
     params = list(model.parameters())
     if decay_1d:
         return [{"params": params}]
+    decayed = {} if weight_decay is None else {"weight_decay": weight_decay}
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() >= 2], **decayed},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return [group for group in groups if group["params"]]
@@ -92,7 +170,7 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
     return total
 
 
-def schedule_factor(cfg: OptimizerConfig, total_steps: int) -> Callable[[int], float]:
+def schedule_factor(cfg: DictConfig, total_steps: int) -> Callable[[int], float]:
     """The lr of step `step` (0: the first) as a multiple of the peak: a linear warm-up over
     `lr_warmup_steps`, then constant, cosine decay to zero at `total_steps`, or the factor
     of one's own function `optimizer.schedule` names: `factor(step, total_steps)`."""
@@ -133,7 +211,7 @@ class Optimizers:
         self,
         model: nn.Module,
         optimizers: list[torch.optim.Optimizer],
-        schedules: list[LambdaLR] | None = None,
+        schedules: list[Schedule] | None = None,
         fsdp: bool = False,
     ) -> None:
         """`model`: the module whose parameters they update (its parameter names key the
@@ -263,8 +341,9 @@ def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]
     return hidden, rest
 
 
-def build_muon(model: nn.Module, cfg: OptimizerConfig) -> list[torch.optim.Optimizer]:
-    """[Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr) on the rest]."""
+def build_muon(model: nn.Module, cfg: DictConfig) -> list[torch.optim.Optimizer]:
+    """[Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr and the
+    node's other keywords) on the rest]."""
 
     hidden, rest = muon_split(model)
     if not hidden:
@@ -273,16 +352,14 @@ def build_muon(model: nn.Module, cfg: OptimizerConfig) -> list[torch.optim.Optim
             "weights (Muon orthogonalises matrices; embeddings, heads, convolutions and 1-D "
             "parameters take AdamW): use optimizer=adamw"
         )
-    muon = torch.optim.Muon(
-        hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum
-    )
+    keywords = plain(OptimizerConfig.keywords(cfg))
+    weight_decay = keywords.get("weight_decay")
+    own = {"lr": keywords.pop("muon_lr", None), "weight_decay": weight_decay,
+           "momentum": keywords.pop("muon_momentum", None)}  # fmt: skip
+    muon = torch.optim.Muon(hidden, **{k: v for k, v in own.items() if v is not None})
     groups = [{"params": rest}] if cfg.weight_decay_1d else [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay or 0.0},
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]  # fmt: skip
     groups = [g for g in groups if g["params"]]
-    adamw = torch.optim.AdamW(
-        groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay,
-        foreach=cfg.foreach, fused=cfg.fused or None,
-    )  # fmt: skip
-    return [muon, adamw]
+    return [muon, build("optimizer", PRESET_CLASSES["adamw"], groups, keywords)]
