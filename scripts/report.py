@@ -14,7 +14,7 @@ the reason, not ranked.
 
 The folder of an Optuna search (hydra/sweeper=gearshift_optuna: a study journal in it, or
 its multirun.yaml names the study's storage) gets the study report instead
-(hydra_plugins/gearshift_sweeper/report.py: study_report.md and its plots).
+(hydra_plugins/gearshift_sweeper/_report.py: study_report.md and its plots).
 
 Writes `report.md`, `report.json` and `report.png` into the folder, prints the tables,
 and logs the same tables and chart to the sweep's W&B group when its runs logged to W&B.
@@ -33,8 +33,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from hydra_plugins.gearshift_sweeper.report import main as study_report
-from hydra_plugins.gearshift_sweeper.report import study_storage
+from hydra_plugins.gearshift_sweeper._report import main as study_report
+from hydra_plugins.gearshift_sweeper._report import study_storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however loaded
 from report_effects import (

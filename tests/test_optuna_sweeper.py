@@ -25,10 +25,11 @@ from optuna.trial import TrialState
 
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import latest_checkpoint
-from hydra_plugins.gearshift_sweeper.report import write_report
-from hydra_plugins.gearshift_sweeper.search_space import parse_search_space
-from hydra_plugins.gearshift_sweeper.study import open_storage
-from hydra_plugins.gearshift_sweeper.sweeper import OptunaSweeper, OptunaSweeperConf
+from hydra_plugins.gearshift_sweeper._report import write_report
+from hydra_plugins.gearshift_sweeper._search_space import parse_search_space
+from hydra_plugins.gearshift_sweeper._study import open_storage
+from hydra_plugins.gearshift_sweeper._sweep import StudySweeper
+from hydra_plugins.gearshift_sweeper.sweeper import OptunaSweeperConf
 
 TINY = (
     "hparams_search=lr_batch",
@@ -225,10 +226,10 @@ def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(t
         assert summary(sweep_dir, t.number)["steps"] == 200
 
 
-def sweeper(tmp_path, **params) -> OptunaSweeper:
+def sweeper(tmp_path, **params) -> StudySweeper:
     """The sweeper as Hydra sets it up, for its parts that need no launch."""
     conf = OmegaConf.structured(OptunaSweeperConf(**params))
-    made = OptunaSweeper(**{k: v for k, v in conf.items() if k != "_target_"})
+    made = StudySweeper(**{k: v for k, v in conf.items() if k != "_target_"})
     made.space = parse_search_space(
         {"optimizer.lr": "interval(0.001, 0.5)", "batch_size": "choice(32, 64, 128, 256)"}, []
     )
@@ -249,7 +250,7 @@ def running_trial(number: int, params: dict) -> optuna.trial.FrozenTrial:
     )  # fmt: skip
 
 
-def asked_points(study, made: OptunaSweeper, n: int) -> list[dict]:
+def asked_points(study, made: StudySweeper, n: int) -> list[dict]:
     points = []
     for _ in range(n):  # as the sweep asks: a sampler for each trial, then the result
         study.sampler = made.sampler_for(study)
@@ -519,7 +520,7 @@ def test_a_run_that_fails_marks_its_trial_failed_with_its_error_line_at_once(tmp
         "logger=none", "model=mlp", "progress_bar=false", "data.num_samples=64",
         "data.image_size=8", "batch_size=32", "max_steps=4", "warmup_steps=0",
         "task._target_=injected.NaNLossAt", "+task.at_step=2",
-        "trial.reporter=hydra_plugins.gearshift_sweeper.study_reporter.OptunaReporter",
+        "trial.reporter=hydra_plugins.gearshift_sweeper._study_reporter.OptunaReporter",
         f"trial.storage={tmp_path / 'study.journal'}", "trial.study=study", "trial.number=0",
         "hydra.run.dir=run", cwd=tmp_path, env=env(tmp_path),
     )  # fmt: skip
@@ -548,7 +549,7 @@ class FakeJob:
 def test_a_job_that_exits_without_a_result_fails_with_its_last_error_line_or_its_status(
     tmp_path,
 ):
-    from hydra_plugins.gearshift_launcher.processes import JobFailed, job_result
+    from hydra_plugins.gearshift_launcher._processes import JobFailed, job_result
 
     said = "import sys; print('error: first', file=sys.stderr); "
     said += "print('error: loss is nan at step 4', file=sys.stderr); sys.exit(1)"
@@ -571,8 +572,8 @@ def failed_future(error: BaseException):
 def test_the_sweeper_records_each_failure_keeps_a_runs_own_reason_and_ends_in_one_line(
     tmp_path, capsys
 ):
-    from hydra_plugins.gearshift_launcher.processes import JobFailed
-    from hydra_plugins.gearshift_sweeper.study_reporter import OptunaReporter
+    from hydra_plugins.gearshift_launcher._processes import JobFailed
+    from hydra_plugins.gearshift_sweeper._study_reporter import OptunaReporter
 
     study = study_with_running_trials(tmp_path, 2)
     made = sweeper(tmp_path)
@@ -601,7 +602,7 @@ def test_the_sweeper_records_each_failure_keeps_a_runs_own_reason_and_ends_in_on
 
 
 def test_a_live_trial_that_fails_while_the_rerun_waits_is_not_launched_again(tmp_path):
-    from hydra_plugins.gearshift_sweeper.study_reporter import OptunaReporter
+    from hydra_plugins.gearshift_sweeper._study_reporter import OptunaReporter
 
     study = study_with_running_trials(tmp_path, 1)
     holding = holding_process(tmp_path / "0")
@@ -697,7 +698,7 @@ def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
 
     def report() -> str:
         made = subprocess.run(
-            [sys.executable, "-m", "hydra_plugins.gearshift_sweeper.report", "--no-plot",
+            [sys.executable, "-m", "hydra_plugins.gearshift_sweeper._report", "--no-plot",
              str(sweep_dir)], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
         )  # fmt: skip
         assert made.returncode == 0, made.stderr

@@ -11,7 +11,7 @@ import torch
 
 # Names are read through the module at call time: Hydra's plugin scan (any earlier test that
 # composes a config) executes plugin modules again, which rebinds the module's classes.
-from hydra_plugins.gearshift_launcher import slots as plugin
+from hydra_plugins.gearshift_launcher import _slots as plugin
 
 
 def test_two_trials_on_two_cores_get_one_core_each_and_no_gpu():

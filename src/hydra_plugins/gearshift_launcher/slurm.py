@@ -1,115 +1,50 @@
-"""`hydra/launcher=slurm`: hydra-submitit-launcher's SLURM launcher (conf/hydra/launcher/
-slurm.yaml), plus what a sweeper that keeps trials in flight needs from it.
+"""`hydra/launcher=slurm` (conf/hydra/launcher/slurm.yaml): the plugin and its config node.
 
-A plain multirun (`launch`) is the parent's: the sweep's points as one job array, waited for
-together. The Optuna sweeper (gearshift_sweeper) instead submits each trial as a job of its
-own (`submit`), records the job's id in the study before it waits, and, when a sweep that
-died is run again, finds the job by that id and asks SLURM whether it still lives
-(`rejoin`): a pending or running job is waited for, not launched a second time. (No
-`from __future__ import annotations`: Hydra loads plugin modules outside sys.modules.)
+submitit's SLURM launcher, plus one job per trial (`submit`) and a job that outlived its
+sweep found again (`rejoin`), in _slurm.py: Hydra imports every plugin module of every run
+to find its plugins, so that machinery lives in a module whose name starts with `_` (out of
+the scan) and loads only when a sweep sets this launcher up. (No `from __future__ import
+annotations`: Hydra loads plugin modules outside sys.modules, where dataclasses cannot
+resolve them.)
 """
 
-import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.core.singleton import Singleton
-from hydra.core.utils import filter_overrides
-from hydra_plugins.hydra_submitit_launcher import config, submitit_launcher
-from omegaconf import OmegaConf
-
-log = logging.getLogger(__name__)
-
-# SLURM's states of a job that has not ended: it runs, waits to run (again: requeued or
-# preempted jobs come back) or is being set up or torn down. Anything else, and a job SLURM
-# no longer knows (UNKNOWN), has ended.
-ALIVE = {
-    "PENDING",
-    "CONFIGURING",
-    "RUNNING",
-    "COMPLETING",
-    "SUSPENDED",
-    "REQUEUED",
-    "REQUEUE_FED",
-    "REQUEUE_HOLD",
-    "RESIZING",
-    "PREEMPTED",
-    "SIGNALING",
-    "STAGE_OUT",
-}
+from hydra.core.utils import JobReturn
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from hydra_plugins.hydra_submitit_launcher import config
+from omegaconf import DictConfig
 
 
-class SlurmLauncher(submitit_launcher.SlurmLauncher):
-    def setup(self, *args: Any, **kwargs: Any) -> None:
-        super().setup(*args, **kwargs)
-        from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
+class SlurmLauncher(Launcher):
+    def __init__(self, **params: Any) -> None:
+        self.params = params
+        self.launcher: Any = None  # _slurm.SlurmJobLauncher, once set up
 
-        # submitit asks SLURM (sacct) about its jobs 2, 4, 8, ... s after the last submission,
-        # then every 10 minutes: a job that died without a result went unnoticed that long.
-        # The key is this process's, not the jobs': submitit's executor would not know it.
-        SlurmJob.watcher = SlurmInfoWatcher(delay_s=self.params.pop("poll_s"))
+    def setup(
+        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
+    ) -> None:
+        from hydra_plugins.gearshift_launcher._slurm import SlurmJobLauncher
 
-    def executor(self) -> Any:
-        """The submitit executor with this launcher's parameters (as the parent's `launch`
-        builds it for every call)."""
-        import submitit
+        self.launcher = SlurmJobLauncher(**self.params)
+        self.launcher.setup(hydra_context=hydra_context, task_function=task_function, config=config)
 
-        executor = submitit.AutoExecutor(
-            cluster=self._EXECUTOR,
-            folder=self.params["submitit_folder"],
-            slurm_max_num_timeout=self.params["max_num_timeout"],
-        )
-        common = set(OmegaConf.structured(config.BaseQueueConf).keys())
-        init_keys = {"submitit_folder", "max_num_timeout"}
-        executor.update_parameters(
-            **{
-                key if key in common else f"{self._EXECUTOR}_{key}": value
-                for key, value in self.params.items()
-                if key not in init_keys
-            }
-        )
-        return executor
+    def launch(
+        self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
+    ) -> list[JobReturn]:
+        return self.launcher.launch(job_overrides, initial_job_idx)
 
     def submit(self, overrides: Sequence[str], number: int) -> Any:
-        """Job `number` (its overrides) as a SLURM job of its own; returns the submitit job
-        at once (its `job_id` is SLURM's), without waiting for it."""
-        assert self.config is not None
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        if "mode" in self.config.hydra.sweep:
-            os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
-        job = self.executor().submit(
-            self,
-            list(overrides),
-            "hydra.sweep.dir",
-            number,
-            f"job_id_for_{number}",
-            Singleton.get_state(),
-        )
-        log.info(
-            "\t#%d : %s (SLURM job %s)", number, " ".join(filter_overrides(overrides)), job.job_id
-        )
-        return job
+        """Job `number` as a SLURM job of its own; its submitit job, at once."""
+        return self.launcher.submit(overrides, number)
 
     def rejoin(self, job_id: str) -> Any:
-        """The submitit job of an earlier submission (SLURM id `job_id`) when SLURM still runs
-        it or will (pending, requeued), or it ended with its result (returned or raised)
-        while nobody waited: `results()` waits for it as for a job just submitted. None when
-        the job is gone without a result (killed, cancelled, lost with its node, forgotten)."""
-        import submitit
-
-        job = submitit.SlurmJob(folder=self.params["submitit_folder"], job_id=job_id)
-        if job.paths.result_pickle.exists():
-            return job
-        state = job.watcher.get_state(job_id, mode="force")  # asks SLURM now (sacct)
-        if state.split()[0].upper() in ALIVE:  # sacct may say "CANCELLED by 0"
-            return job
-        log.info("SLURM job %s is gone (%s) without a result", job_id, state)
-        return None
+        """The submitit job of SLURM job `job_id` while it lives or has its result; else None."""
+        return self.launcher.rejoin(job_id)
 
 
 @dataclass

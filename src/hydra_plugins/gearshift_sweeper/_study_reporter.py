@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 
-from hydra_plugins.gearshift_sweeper.study import PRUNER_KEY, build_pruner, open_storage
+from hydra_plugins.gearshift_sweeper._study import PRUNER_KEY, build_pruner, open_storage
 
 log = logging.getLogger(__name__)
 

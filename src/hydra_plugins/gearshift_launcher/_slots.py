@@ -6,7 +6,6 @@ GPU per trial (CUDA_VISIBLE_DEVICES); everywhere, a disjoint set of the cores th
 may use (the trial's process is pinned to them with os.sched_setaffinity, and torch's
 threads match them), so two trials neither share a device nor oversubscribe the cores.
 One slot (`n_jobs=1`, the ablation's sequential runs) is the whole machine, as without slots.
-(No `from __future__ import annotations`: Hydra loads plugin modules outside sys.modules.)
 """
 
 import os

@@ -9,7 +9,7 @@ with that summary's objective.
 
 The sweeper writes it when the sweep ends; for a sweep folder by hand (a study still running,
 one that was killed): `make report DIR=<sweep dir>` (scripts/report.py hands a study's
-folder to this module) or `python -m hydra_plugins.gearshift_sweeper.report <sweep dir>`.
+folder to this module) or `python -m hydra_plugins.gearshift_sweeper._report <sweep dir>`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from hydra_plugins.gearshift_sweeper.study_reporter import FAILURE, PRUNED_AT
+from hydra_plugins.gearshift_sweeper._study_reporter import FAILURE, PRUNED_AT
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def write_report(study: Any, sweep_dir: Path, plots: bool = True) -> Path:
     return path
 
 
-class Seen(NamedTuple):  # not a dataclass: Hydra loads this module outside sys.modules
+class Seen(NamedTuple):
     """A trial as the report shows it."""
 
     trial: Any  # the storage's FrozenTrial
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import optuna
 
-    from hydra_plugins.gearshift_sweeper.study import open_storage
+    from hydra_plugins.gearshift_sweeper._study import open_storage
 
     storage = open_storage(storage_url)
     names = [s.study_name for s in optuna.get_all_study_summaries(storage)]

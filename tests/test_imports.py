@@ -1,0 +1,70 @@
+"""What a default run imports: gearshift's modules and its Hydra plug-ins, in lines of code
+(docs/layout.md, "Pay for what you use"); the sweeper's and launchers' machinery and Optuna
+load only in a sweep that uses them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from helpers import ROOT, seconds
+
+# The goal is 5,000 lines. This is the ratchet on the way there: the figure after the last
+# step, rounded up to the next 500. Lower it when a step takes modules out of the default
+# run; never raise it to let one in.
+MAX_DEFAULT_RUN_LINES = 12_000
+
+# Runs train.py as `python train.py` would (argv[2:] its arguments), then writes the lines
+# of each of our modules it imported, and the names of every module it imported, to argv[1].
+COUNT_IMPORTS = """
+import json, runpy, sys
+from pathlib import Path
+
+out, train = sys.argv[1], sys.argv[2]
+sys.argv = [train, *sys.argv[3:]]
+try:
+    runpy.run_path(train, run_name="__main__")
+except SystemExit as stop:
+    if stop.code:
+        raise
+lines = {}
+for name, module in list(sys.modules.items()):
+    ours = name.split(".")[0] == "gearshift" or name.startswith("hydra_plugins.gearshift_")
+    if ours and getattr(module, "__file__", None):
+        lines[name] = len(Path(module.__file__).read_text().splitlines())
+Path(out).write_text(json.dumps({"lines": lines, "loaded": sorted(sys.modules)}))
+"""
+
+OPTIONAL = ("optuna", "submitit")  # a sweep's libraries (the Optuna sweeper, the launchers)
+
+
+def test_a_default_run_loads_no_sweep_machinery_and_at_most_the_ratchets_lines(tmp_path):
+    out = tmp_path / "imports.json"
+    done = subprocess.run(
+        [sys.executable, "-c", COUNT_IMPORTS, str(out), str(ROOT / "train.py"),
+         "max_steps=2", "logger=none"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=seconds(240),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    imported = json.loads(out.read_text())
+    lines = imported["lines"]
+    listing = "\n".join(f"{n:6d} {name}" for name, n in sorted(lines.items()))
+    # the count sees the run's modules and the plug-ins Hydra scanned
+    assert "gearshift.trainer" in lines, listing
+    assert "hydra_plugins.gearshift_sweeper.sweeper" in lines, listing
+    machinery = [
+        name
+        for name in lines
+        if name.startswith("hydra_plugins.gearshift_")
+        and name.rsplit(".", 1)[-1].startswith("_")
+        and not name.endswith(".__init__")
+    ]
+    assert machinery == [], f"a default run imported {machinery}:\n{listing}"
+    optional = [name for name in imported["loaded"] if name.split(".")[0] in OPTIONAL]
+    assert optional == [], f"a default run imported {optional[:5]} ..."
+    total = sum(lines.values())
+    assert total <= MAX_DEFAULT_RUN_LINES, (
+        f"a default run loaded {total} lines of gearshift and its plug-ins, over the "
+        f"{MAX_DEFAULT_RUN_LINES} allowed; its modules:\n{listing}"
+    )
