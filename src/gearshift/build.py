@@ -14,18 +14,16 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from gearshift.batch_finder import BatchSizeChoice, resolve_batch_size, tracked_step_peak
 from gearshift.config import ConfigError
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, to_device
-from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
 from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets
 from gearshift.data.streams import stream_length, stream_position
@@ -36,13 +34,10 @@ from gearshift.engine.runtime import configure_backends, configure_determinism, 
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model, compile_model, resolve_compile
 from gearshift.observe.findings import Finding, advise, log_findings
-from gearshift.observe.memory_snapshot import MemoryHistory, out_of_memory_message
 from gearshift.observe.metrics import PerfMeter
 from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
-from gearshift.observe.plan import PlanCheck, log_plan, make_plan
 from gearshift.observe.profiler import Profiler
-from gearshift.observe.samples import Sampler, build_sampler
 from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, rank_zero_value, wrap_model
@@ -55,10 +50,15 @@ from gearshift.state.checkpointer import (
     Saved,
     read_resume,
 )
-from gearshift.state.init_from import init_weights
 from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
 from gearshift.tasks.metrics import check_metrics, describe, failing_as, is_scalar, task_name
+
+if TYPE_CHECKING:  # the optional parts' modules load only where their feature is configured
+    from gearshift.batch_finder import BatchSizeChoice
+    from gearshift.observe.memory_snapshot import MemoryHistory
+    from gearshift.observe.plan import PlanCheck
+    from gearshift.observe.samples import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ class Run(Parts):
     meter: PerfMeter
     losses: LossWatch
     profiler: Profiler
-    memory_history: MemoryHistory
+    memory_history: MemoryHistory | None  # profile.memory_snapshot=true (None: off)
     reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
     sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
     plan: PlanCheck | None  # plan.check=true: the plan, held against what the run measures
@@ -166,8 +166,12 @@ class Run(Parts):
     def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
         """The line an out-of-memory error at `step` ends the run with (the allocator's
         history dumped first), naming the memory gears that are not on yet."""
-        snapshot = self.memory_history.dump()
-        self.memory_history.stop()
+        from gearshift.observe.memory_snapshot import out_of_memory_message
+
+        snapshot = None
+        if self.memory_history is not None:
+            snapshot = self.memory_history.dump()
+            self.memory_history.stop()
         return out_of_memory_message(
             error, step, self.cfg.batch_size, snapshot,
             amp=self.precision.dtype is not None, checkpointing=self.gears["checkpointing"],
@@ -197,10 +201,15 @@ def build_parts(
     train_set, val_set = build_datasets(cfg.data, device, read.names())  # tips 1, 4, 6
     read.check(train_set)  # a sample the task cannot read: one line, before any work
     check_input_shape(cfg.task, task, read, train_set)  # and inputs of another shape
-    resumed_size = saved.config.get("batch_size") if saved else None
-    cfg, batch_choice = resolve_batch_size(  # tip 10: batch_size=auto fills the memory
-        cfg, task, device, precision.dtype, memory_format, stream_length(train_set), resumed_size
-    )
+    batch_choice = None
+    if cfg.batch_size == "auto":  # tip 10: batch_size=auto fills the memory
+        from gearshift.batch_finder import resolve_batch_size
+
+        resumed_size = saved.config.get("batch_size") if saved else None
+        cfg, batch_choice = resolve_batch_size(
+            cfg, task, device, precision.dtype, memory_format, stream_length(train_set),
+            resumed_size,
+        )  # fmt: skip
     # From here on `cfg` is the run's config: its batch size is a number.
     train, val, data_gears = build_data(cfg, train_set, val_set, device, ranks, memory_format)
     transforms = DeviceTransforms(  # after the source's own (uint8 batches)
@@ -209,6 +218,8 @@ def build_parts(
     model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
     init_from = cfg.model.get("init_from")
     if init_from and saved is None:  # a resumed run continues its own weights
+        from gearshift.state.init_from import init_weights
+
         init_weights(model, init_from, cfg.model.get("init_strict", True))
     model.train()
     gears = {
@@ -295,7 +306,11 @@ def build_data(
     train, val = build_batches(
         cfg, train_set, val_set, on_device, device, ranks.rank, ranks.world_size, settings
     )
-    prefetch = prefetch_active(cfg, device)
+    prefetch = False
+    if device.type == "cuda":  # the prefetcher acts on CUDA only
+        from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
+
+        prefetch = prefetch_active(cfg, device)
     if prefetch:  # tip 7: the next batch's copy on a side stream
         train = CudaPrefetcher(train, device, memory_format)
         val = None if val is None else CudaPrefetcher(val, device, memory_format)
@@ -389,16 +404,23 @@ def build_run(
     """Every part of a training run, restored from its checkpoint when it resumes."""
     if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
         torch.cuda.reset_peak_memory_stats(device)
-    memory_history = MemoryHistory(  # first: it records the allocations that follow
-        cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
-    )
+    memory_history = None
+    if cfg.profile.memory_snapshot:  # first: it records the allocations that follow
+        from gearshift.observe.memory_snapshot import MemoryHistory
+
+        memory_history = MemoryHistory(True, device, run_dir / "profile", ranks.rank)
     folder = run_dir / "checkpoints"
     saved = read_resume(cfg.resume, folder)  # read once per start
     parts = build_parts(cfg, ranks, strategy, device, saved)
     cfg, model = parts.cfg, parts.model
     trained = Trained.of(saved)
     max_steps = step_budget(cfg, parts.task, ranks.world_size, trained)  # before any work
-    sampler = build_sampler(cfg, getattr(parts.task, "sampling", None), model)  # a bad prompt too
+    sampler = None
+    sampling = getattr(parts.task, "sampling", None)  # task.sample_every (LM): text samples
+    if sampling is not None:
+        from gearshift.observe.samples import build_sampler
+
+        sampler = build_sampler(cfg, sampling, model)  # a bad prompt too
     advice = advise(cfg, model, device, parts.precision.dtype)  # layer widths, batch, ...
     plan = check_plan(parts, ranks) if cfg.plan.check else None  # before the run allocates
     if ranks.is_zero:
@@ -449,6 +471,9 @@ def build_run(
 def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
     """plan.check=true: this run's plan (its device, its ranks) and, on a CPU, the tensor
     bytes of a tracked real step to hold it against (CUDA: the run's own peak, at the end)."""
+    from gearshift.batch_finder import tracked_step_peak
+    from gearshift.observe.plan import PlanCheck, log_plan, make_plan
+
     cfg = OmegaConf.merge(parts.cfg, {"plan": {"device": "auto", "world_size": ranks.world_size}})
     plan = make_plan(cfg, parts.task)
     if ranks.is_zero:
