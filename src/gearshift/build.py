@@ -37,7 +37,6 @@ from gearshift.observe.findings import Finding, advise, log_findings
 from gearshift.observe.metrics import PerfMeter
 from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
-from gearshift.observe.profiler import Profiler
 from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, rank_zero_value, wrap_model
@@ -58,6 +57,7 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
     from gearshift.batch_finder import BatchSizeChoice
     from gearshift.observe.memory_snapshot import MemoryHistory
     from gearshift.observe.plan import PlanCheck
+    from gearshift.observe.profiler import Profiler
     from gearshift.observe.samples import Sampler
 
 log = logging.getLogger(__name__)
@@ -128,6 +128,25 @@ class Parts:
         return f"task.metrics.{name}" if name in added else f"the task's metric {name!r}"
 
 
+class ProfilerOff:
+    """profile=off: the loop's calls to the profiler, which do nothing (so a run that does
+    not profile does not load observe/profiler.py)."""
+
+    window = range(0)  # no step is slowed down
+
+    def begin(self) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        return None  # summary.json's `profile`: none
+
+    def report(self, logger: Any, step: int) -> None:
+        pass
+
+
 @dataclass
 class Run(Parts):
     """Everything a training run needs, built and (when resuming) restored."""
@@ -144,7 +163,7 @@ class Run(Parts):
     advice: list[Finding]
     meter: PerfMeter
     losses: LossWatch
-    profiler: Profiler
+    profiler: Profiler | ProfilerOff
     memory_history: MemoryHistory | None  # profile.memory_snapshot=true (None: off)
     reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
     sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
@@ -446,7 +465,11 @@ def build_run(
     checkpointer = build_checkpointer(
         folder, parts, strategy, position, optimizers, best, saved, trained, batches_per_epoch,
     )  # fmt: skip
-    profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+    profiler = ProfilerOff()
+    if cfg.profile.enabled:  # profile=on
+        from gearshift.observe.profiler import Profiler
+
+        profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
     reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
     meter = PerfMeter(device, cfg.warmup_steps)
     meter.leave_out(profiler.window)  # the profiled steps run slower

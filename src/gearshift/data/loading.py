@@ -13,18 +13,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from gearshift.config import ConfigError
 from gearshift.config.schema import DataLoaderConfig
-from gearshift.data.gpu_decode import DeviceDecodedBatches, decoded_on_device
 from gearshift.data.streams import build_stream_batches, check_length, worker_seed
 from gearshift.data.synthetic import TensorPairs
+
+if TYPE_CHECKING:  # data.decode=gpu's: loaded by the runs that decode on the device
+    from gearshift.data.gpu_decode import DeviceDecodedBatches
 
 Batch = Any  # as a source's samples collate: a pair, a dict of fields, any nesting
 
@@ -278,11 +280,14 @@ def build_loader(
         generator=torch.Generator().manual_seed(worker_seed(seed, rank, 0)),
         **worker_options,
     )
-    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    batches = LoaderBatches(loader, seed, rank)
+    if OmegaConf.select(cfg, "data.decode") != "gpu":
+        return batches
     # data.decode=gpu: the loader yields JPEG bytes, decoded here on the device
-    return decoded_on_device(
-        LoaderBatches(loader, seed, rank), dataset, device, layout, dl.non_blocking
-    )
+    from gearshift.data.gpu_decode import decoded_on_device
+
+    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    return decoded_on_device(batches, dataset, device, layout, dl.non_blocking)
 
 
 def build_batches(
