@@ -23,10 +23,9 @@ from torch import nn
 from gearshift.config import ConfigError
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.fields import FieldReader
-from gearshift.data.loading import build_batches, loader_settings, to_device
+from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
 from gearshift.data.sample_shape import check_input_shape
-from gearshift.data.sources import build_datasets
-from gearshift.data.streams import stream_length, stream_position
+from gearshift.data.sources import build_datasets, stream_length
 from gearshift.engine.ema import EMA, build_ema
 from gearshift.engine.optim import Optimizers, build_optimizers, optimizer_label
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp

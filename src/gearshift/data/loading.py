@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from gearshift.config import ConfigError
 from gearshift.config.schema import DataLoaderConfig
-from gearshift.data.streams import build_stream_batches, check_length, worker_seed
+from gearshift.data.sources import worker_seed
 from gearshift.data.synthetic import TensorPairs
 
 if TYPE_CHECKING:  # data.decode=gpu's: loaded by the runs that decode on the device
@@ -263,6 +263,8 @@ def build_loader(
             "collate_fn": getattr(dataset, "collate", None),
             **worker_options,
         }
+        from gearshift.data.streams import build_stream_batches
+
         drop_last = dl.drop_last
         return build_stream_batches(
             dataset, options, cfg.batch_size, train, seed, rank, world_size, drop_last
@@ -314,6 +316,8 @@ def build_batches(
             val = DeviceBatches(*_tensors(val_set), cfg.batch_size, False, False, cfg.seed, **shard)
     else:
         if isinstance(train_set, IterableDataset):
+            from gearshift.data.streams import check_length
+
             check_length(train_set, cfg.max_steps)  # unknown length: max_steps ends the run
         train = build_loader(train_set, cfg, device, True, cfg.seed, **shard, settings=settings)
         val = None
@@ -367,3 +371,10 @@ def build_data(
     train_set, val_set = build_datasets(cfg.data, device)
     on_device = bool(cfg.data.get("on_device"))
     return build_batches(cfg, train_set, val_set, on_device, device, rank, world_size)
+
+
+def stream_position(batches: Any) -> Any | None:
+    """The stream batches under any wrappers (the CUDA prefetcher), or None (map-style)."""
+    while batches is not None and not hasattr(batches, "stream_state"):
+        batches = getattr(batches, "batches", None)
+    return batches
