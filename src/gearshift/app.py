@@ -50,8 +50,7 @@ _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experim
 
 def train(cfg: DictConfig) -> float:
     """Hydra's task function: check, train, return the objective a sweeper optimises."""
-    from gearshift.launch import launch_local  # torch loads once the config is known good
-    from gearshift.trainer import fit
+    from gearshift.trainer import fit  # torch loads once the config is known good
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
@@ -66,6 +65,8 @@ def train(cfg: DictConfig) -> float:
         check_config(cfg)
         # fit raises ConfigError too, before its first step, when the data is unusable
         if cfg.distributed.nproc_per_node > 1 and "RANK" not in os.environ:
+            from gearshift.launch import launch_local
+
             summary = launch_local(cfg, run_dir, run_name)  # the ranks run `fit` themselves
         else:
             summary = fit(cfg, run_dir, run_name).summary

@@ -14,21 +14,18 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from gearshift.batch_finder import BatchSizeChoice, resolve_batch_size, tracked_step_peak
 from gearshift.config import ConfigError
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.fields import FieldReader
-from gearshift.data.loading import build_batches, loader_settings, to_device
-from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
+from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
 from gearshift.data.sample_shape import check_input_shape
-from gearshift.data.sources import build_datasets
-from gearshift.data.streams import stream_length, stream_position
+from gearshift.data.sources import build_datasets, stream_length
 from gearshift.engine.ema import EMA, build_ema
 from gearshift.engine.optim import Optimizers, build_optimizers, optimizer_label
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
@@ -36,13 +33,9 @@ from gearshift.engine.runtime import configure_backends, configure_determinism, 
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model, compile_model, resolve_compile
 from gearshift.observe.findings import Finding, advise, log_findings
-from gearshift.observe.memory_snapshot import MemoryHistory, out_of_memory_message
 from gearshift.observe.metrics import PerfMeter
 from gearshift.observe.mfu import MFU
 from gearshift.observe.nonfinite import LossWatch
-from gearshift.observe.plan import PlanCheck, log_plan, make_plan
-from gearshift.observe.profiler import Profiler
-from gearshift.observe.samples import Sampler, build_sampler
 from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, rank_zero_value, wrap_model
@@ -55,10 +48,16 @@ from gearshift.state.checkpointer import (
     Saved,
     read_resume,
 )
-from gearshift.state.init_from import init_weights
 from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
 from gearshift.tasks.metrics import check_metrics, describe, failing_as, is_scalar, task_name
+
+if TYPE_CHECKING:  # the optional parts' modules load only where their feature is configured
+    from gearshift.batch_finder import BatchSizeChoice
+    from gearshift.observe.memory_snapshot import MemoryHistory
+    from gearshift.observe.plan import PlanCheck
+    from gearshift.observe.profiler import Profiler
+    from gearshift.observe.samples import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +127,25 @@ class Parts:
         return f"task.metrics.{name}" if name in added else f"the task's metric {name!r}"
 
 
+class ProfilerOff:
+    """profile=off: the loop's calls to the profiler, which do nothing (so a run that does
+    not profile does not load observe/profiler.py)."""
+
+    window = range(0)  # no step is slowed down
+
+    def begin(self) -> None:
+        pass
+
+    def after_step(self, step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        return None  # summary.json's `profile`: none
+
+    def report(self, logger: Any, step: int) -> None:
+        pass
+
+
 @dataclass
 class Run(Parts):
     """Everything a training run needs, built and (when resuming) restored."""
@@ -144,8 +162,8 @@ class Run(Parts):
     advice: list[Finding]
     meter: PerfMeter
     losses: LossWatch
-    profiler: Profiler
-    memory_history: MemoryHistory
+    profiler: Profiler | ProfilerOff
+    memory_history: MemoryHistory | None  # profile.memory_snapshot=true (None: off)
     reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
     sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
     plan: PlanCheck | None  # plan.check=true: the plan, held against what the run measures
@@ -166,8 +184,12 @@ class Run(Parts):
     def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
         """The line an out-of-memory error at `step` ends the run with (the allocator's
         history dumped first), naming the memory gears that are not on yet."""
-        snapshot = self.memory_history.dump()
-        self.memory_history.stop()
+        from gearshift.observe.memory_snapshot import out_of_memory_message
+
+        snapshot = None
+        if self.memory_history is not None:
+            snapshot = self.memory_history.dump()
+            self.memory_history.stop()
         return out_of_memory_message(
             error, step, self.cfg.batch_size, snapshot,
             amp=self.precision.dtype is not None, checkpointing=self.gears["checkpointing"],
@@ -197,10 +219,15 @@ def build_parts(
     train_set, val_set = build_datasets(cfg.data, device, read.names())  # tips 1, 4, 6
     read.check(train_set)  # a sample the task cannot read: one line, before any work
     check_input_shape(cfg.task, task, read, train_set)  # and inputs of another shape
-    resumed_size = saved.config.get("batch_size") if saved else None
-    cfg, batch_choice = resolve_batch_size(  # tip 10: batch_size=auto fills the memory
-        cfg, task, device, precision.dtype, memory_format, stream_length(train_set), resumed_size
-    )
+    batch_choice = None
+    if cfg.batch_size == "auto":  # tip 10: batch_size=auto fills the memory
+        from gearshift.batch_finder import resolve_batch_size
+
+        resumed_size = saved.config.get("batch_size") if saved else None
+        cfg, batch_choice = resolve_batch_size(
+            cfg, task, device, precision.dtype, memory_format, stream_length(train_set),
+            resumed_size,
+        )  # fmt: skip
     # From here on `cfg` is the run's config: its batch size is a number.
     train, val, data_gears = build_data(cfg, train_set, val_set, device, ranks, memory_format)
     transforms = DeviceTransforms(  # after the source's own (uint8 batches)
@@ -209,6 +236,8 @@ def build_parts(
     model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
     init_from = cfg.model.get("init_from")
     if init_from and saved is None:  # a resumed run continues its own weights
+        from gearshift.state.init_from import init_weights
+
         init_weights(model, init_from, cfg.model.get("init_strict", True))
     model.train()
     gears = {
@@ -295,7 +324,11 @@ def build_data(
     train, val = build_batches(
         cfg, train_set, val_set, on_device, device, ranks.rank, ranks.world_size, settings
     )
-    prefetch = prefetch_active(cfg, device)
+    prefetch = False
+    if device.type == "cuda":  # the prefetcher acts on CUDA only
+        from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
+
+        prefetch = prefetch_active(cfg, device)
     if prefetch:  # tip 7: the next batch's copy on a side stream
         train = CudaPrefetcher(train, device, memory_format)
         val = None if val is None else CudaPrefetcher(val, device, memory_format)
@@ -389,16 +422,23 @@ def build_run(
     """Every part of a training run, restored from its checkpoint when it resumes."""
     if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
         torch.cuda.reset_peak_memory_stats(device)
-    memory_history = MemoryHistory(  # first: it records the allocations that follow
-        cfg.profile.memory_snapshot, device, run_dir / "profile", ranks.rank
-    )
+    memory_history = None
+    if cfg.profile.memory_snapshot:  # first: it records the allocations that follow
+        from gearshift.observe.memory_snapshot import MemoryHistory
+
+        memory_history = MemoryHistory(True, device, run_dir / "profile", ranks.rank)
     folder = run_dir / "checkpoints"
     saved = read_resume(cfg.resume, folder)  # read once per start
     parts = build_parts(cfg, ranks, strategy, device, saved)
     cfg, model = parts.cfg, parts.model
     trained = Trained.of(saved)
     max_steps = step_budget(cfg, parts.task, ranks.world_size, trained)  # before any work
-    sampler = build_sampler(cfg, getattr(parts.task, "sampling", None), model)  # a bad prompt too
+    sampler = None
+    sampling = getattr(parts.task, "sampling", None)  # task.sample_every (LM): text samples
+    if sampling is not None:
+        from gearshift.observe.samples import build_sampler
+
+        sampler = build_sampler(cfg, sampling, model)  # a bad prompt too
     advice = advise(cfg, model, device, parts.precision.dtype)  # layer widths, batch, ...
     plan = check_plan(parts, ranks) if cfg.plan.check else None  # before the run allocates
     if ranks.is_zero:
@@ -424,7 +464,11 @@ def build_run(
     checkpointer = build_checkpointer(
         folder, parts, strategy, position, optimizers, best, saved, trained, batches_per_epoch,
     )  # fmt: skip
-    profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+    profiler = ProfilerOff()
+    if cfg.profile.enabled:  # profile=on
+        from gearshift.observe.profiler import Profiler
+
+        profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
     reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
     meter = PerfMeter(device, cfg.warmup_steps)
     meter.leave_out(profiler.window)  # the profiled steps run slower
@@ -449,6 +493,9 @@ def build_run(
 def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
     """plan.check=true: this run's plan (its device, its ranks) and, on a CPU, the tensor
     bytes of a tracked real step to hold it against (CUDA: the run's own peak, at the end)."""
+    from gearshift.batch_finder import tracked_step_peak
+    from gearshift.observe.plan import PlanCheck, log_plan, make_plan
+
     cfg = OmegaConf.merge(parts.cfg, {"plan": {"device": "auto", "world_size": ranks.world_size}})
     plan = make_plan(cfg, parts.task)
     if ranks.is_zero:

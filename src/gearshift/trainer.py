@@ -164,8 +164,9 @@ class Trainer:
         finally:
             self.checkpointer.close(quiet=summary is None)  # a write in flight still completes
             self.profiler.finish()  # a run cut short keeps the profiled steps it made
-            run.memory_history.dump()
-            run.memory_history.stop()
+            if run.memory_history is not None:  # profile.memory_snapshot=true
+                run.memory_history.dump()
+                run.memory_history.stop()
             self.logger.finish(summary)
         return RunResult(self.model, self.optimizers, summary, self.meter.steady_state())
 

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from gearshift.config.rules import check_choice, check_int, fail
 
@@ -26,7 +26,7 @@ SOURCES = {
     "gearshift.data.shards.shards": "shards",
 }
 # Sources with a check of their own, by _target_: data=synthetic_tokens's and data=hf's
-# below, data=tokens's in config/token_files.py (it reads the files).
+# below, data=tokens's in config/token_files.py (it reads the files, loaded for it only).
 SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
 # The image sources' keys: their nodes are conf/data/*.yaml, not a schema dataclass.
 CHECK_IMAGES = ("header", "decode", "off")
@@ -244,6 +244,32 @@ def _check_synthetic_tokens(cfg: DictConfig) -> None:
 
 
 SOURCE_CHECKS["gearshift.data.tokens.synthetic_tokens"] = _check_synthetic_tokens
+
+
+def _check_token_files(cfg: DictConfig) -> None:
+    from gearshift.config.token_files import check_token_config
+
+    check_token_config(cfg)
+
+
+SOURCE_CHECKS["gearshift.data.tokens.token_files"] = _check_token_files
+
+
+# data=tokens' and task=lm's values from the token folder's meta file (config/token_files.py)
+def _token_vocab(path: str | None) -> int | None:
+    from gearshift.config.token_files import meta_vocab_size
+
+    return meta_vocab_size(path)
+
+
+def _token_bytes(path: str | None) -> float | None:
+    from gearshift.config.token_files import meta_bytes_per_token
+
+    return meta_bytes_per_token(path)
+
+
+OmegaConf.register_new_resolver("gearshift_token_vocab", _token_vocab)
+OmegaConf.register_new_resolver("gearshift_token_bytes", _token_bytes)
 
 
 def _check_hf(cfg: DictConfig) -> None:

@@ -8,7 +8,8 @@ only (no classes, so no code runs).
 
 This lives in the config layer because the config needs it before anything is built:
 `data.vocab_size` defaults to the meta file's through the resolver
-`${gearshift_token_vocab:${data.path}}`, and `check_config` checks the files, so a bad
+`${gearshift_token_vocab:${data.path}}` (registered by config/data_checks.py, which loads
+this module when it is first used), and `check_config` checks the files, so a bad
 folder ends the run with one line before any run folder exists. `data/tokens.py` serves
 the windows.
 
@@ -33,9 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from gearshift.config.data_checks import SOURCE_CHECKS
 from gearshift.config.rules import ConfigError
 
 log = logging.getLogger(__name__)
@@ -109,10 +109,6 @@ def meta_bytes_per_token(path: str | None) -> float | None:
     value = meta_value(path, "bytes_per_token")
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     return float(value) if number and value > 0 else None
-
-
-OmegaConf.register_new_resolver("gearshift_token_vocab", meta_vocab_size)
-OmegaConf.register_new_resolver("gearshift_token_bytes", meta_bytes_per_token)
 
 
 @dataclass(frozen=True)
@@ -300,6 +296,3 @@ def check_window_limit(limit: int | None, tokens: int, block_size: int, key: str
             f"data.{key}={limit} is not allowed; the file holds {count} windows of "
             f"block_size + 1 = {block_size + 1} tokens (null: all of them)"
         )
-
-
-SOURCE_CHECKS["gearshift.data.tokens.token_files"] = check_token_config

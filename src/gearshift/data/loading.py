@@ -13,18 +13,20 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from gearshift.config import ConfigError
 from gearshift.config.schema import DataLoaderConfig
-from gearshift.data.gpu_decode import DeviceDecodedBatches, decoded_on_device
-from gearshift.data.streams import build_stream_batches, check_length, worker_seed
+from gearshift.data.sources import worker_seed
 from gearshift.data.synthetic import TensorPairs
+
+if TYPE_CHECKING:  # data.decode=gpu's: loaded by the runs that decode on the device
+    from gearshift.data.gpu_decode import DeviceDecodedBatches
 
 Batch = Any  # as a source's samples collate: a pair, a dict of fields, any nesting
 
@@ -261,6 +263,8 @@ def build_loader(
             "collate_fn": getattr(dataset, "collate", None),
             **worker_options,
         }
+        from gearshift.data.streams import build_stream_batches
+
         drop_last = dl.drop_last
         return build_stream_batches(
             dataset, options, cfg.batch_size, train, seed, rank, world_size, drop_last
@@ -278,11 +282,14 @@ def build_loader(
         generator=torch.Generator().manual_seed(worker_seed(seed, rank, 0)),
         **worker_options,
     )
-    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    batches = LoaderBatches(loader, seed, rank)
+    if OmegaConf.select(cfg, "data.decode") != "gpu":
+        return batches
     # data.decode=gpu: the loader yields JPEG bytes, decoded here on the device
-    return decoded_on_device(
-        LoaderBatches(loader, seed, rank), dataset, device, layout, dl.non_blocking
-    )
+    from gearshift.data.gpu_decode import decoded_on_device
+
+    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    return decoded_on_device(batches, dataset, device, layout, dl.non_blocking)
 
 
 def build_batches(
@@ -309,6 +316,8 @@ def build_batches(
             val = DeviceBatches(*_tensors(val_set), cfg.batch_size, False, False, cfg.seed, **shard)
     else:
         if isinstance(train_set, IterableDataset):
+            from gearshift.data.streams import check_length
+
             check_length(train_set, cfg.max_steps)  # unknown length: max_steps ends the run
         train = build_loader(train_set, cfg, device, True, cfg.seed, **shard, settings=settings)
         val = None
@@ -362,3 +371,10 @@ def build_data(
     train_set, val_set = build_datasets(cfg.data, device)
     on_device = bool(cfg.data.get("on_device"))
     return build_batches(cfg, train_set, val_set, on_device, device, rank, world_size)
+
+
+def stream_position(batches: Any) -> Any | None:
+    """The stream batches under any wrappers (the CUDA prefetcher), or None (map-style)."""
+    while batches is not None and not hasattr(batches, "stream_state"):
+        batches = getattr(batches, "batches", None)
+    return batches

@@ -32,7 +32,21 @@ from gearshift.config.instantiate import accepts, instantiate
 from gearshift.config.rules import locate
 from gearshift.config.targets import TRAINER_KEYS
 from gearshift.data.staging import stage
-from gearshift.data.streams import stream_length
+
+
+# What the loaders of map-style data and of streams (data/streams.py, loaded for a stream
+# only) both use, kept here where each reaches it.
+def worker_seed(seed: int, rank: int, epoch: int) -> int:
+    """The seed of the generator a DataLoader draws its workers' base seed from."""
+    return ((seed * 1_000_003 + rank) * 1_000_003 + epoch) % 2**63  # manual_seed's range
+
+
+def stream_length(dataset: Any) -> int | None:
+    """Samples in a pass over `dataset`, None where it does not know."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
 
 
 def build_datasets(

@@ -41,16 +41,12 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from gearshift.config import ConfigError
+from gearshift.data.sources import stream_length, worker_seed
 
 log = logging.getLogger(__name__)
 
 Ranges = list[list[int]]  # [[begin, end], ...] of an epoch's sample numbers, in order
 _MIX = 1_000_003  # a prime: (seed, epoch, piece, block) tuples map to distinct seeds
-
-
-def worker_seed(seed: int, rank: int, epoch: int) -> int:
-    """The seed of the generator a DataLoader draws its workers' base seed from."""
-    return ((seed * 1_000_003 + rank) * 1_000_003 + epoch) % 2**63  # manual_seed's range
 
 
 class Stream(IterableDataset):
@@ -86,14 +82,6 @@ class Stream(IterableDataset):
 
 def seekable(dataset: Any) -> bool:
     return isinstance(dataset, Stream)
-
-
-def stream_length(dataset: Any) -> int | None:
-    """Samples in a pass over `dataset`, None where it does not know."""
-    try:
-        return len(dataset)
-    except TypeError:
-        return None
 
 
 class EpochOrder:
@@ -409,10 +397,3 @@ def build_stream_batches(
     slots = _Slots(stream, stream.shuffle_block)
     loader = DataLoader(slots, batch_size=batch_size, generator=generator, **options)
     return StreamBatches(loader, stream, train, seed, rank, world_size, drop_last and train)
-
-
-def stream_position(batches: Any) -> Any | None:
-    """The stream batches under any wrappers (the CUDA prefetcher), or None (map-style)."""
-    while batches is not None and not hasattr(batches, "stream_state"):
-        batches = getattr(batches, "batches", None)
-    return batches

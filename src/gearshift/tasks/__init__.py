@@ -1,9 +1,29 @@
 """Tasks: what a run learns. The trainer asks its task for the loss and the validation
 metrics; the batch-size finder and the FLOP counter ask it for an example batch."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from gearshift.tasks.base import Batch, Task, build_task
 from gearshift.tasks.classification import Classification
-from gearshift.tasks.lm import LanguageModel
-from gearshift.tasks.regression import Regression
+
+if TYPE_CHECKING:
+    from gearshift.tasks.lm import LanguageModel
+    from gearshift.tasks.regression import Regression
 
 __all__ = ["Batch", "Classification", "LanguageModel", "Regression", "Task", "build_task"]
+
+
+def __getattr__(name: str) -> object:
+    """`gearshift.tasks.LanguageModel` and `.Regression` (their `_target_`s) load their
+    modules when first asked for (PEP 562): a run of another task does not import them."""
+    if name == "LanguageModel":
+        from gearshift.tasks.lm import LanguageModel
+
+        return LanguageModel
+    if name == "Regression":
+        from gearshift.tasks.regression import Regression
+
+        return Regression
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
