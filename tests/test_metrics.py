@@ -20,7 +20,7 @@ from helpers import (
 )
 from torch import nn
 
-from gearshift.observe.metrics import PerfMeter
+from gearshift.observe.throughput import PerfMeter
 from gearshift.tasks import Classification
 from gearshift.trainer import Trainer, fit
 

@@ -132,7 +132,7 @@ def test_memory_snapshot_is_written_at_the_end_of_a_cuda_run(tmp_path):
 
 
 def test_loss_watch_sums_micro_batches_per_step_and_names_the_first_bad_one():
-    from gearshift.observe.nonfinite import LossWatch
+    from gearshift.observe.loss_watch import LossWatch
 
     watch = LossWatch("stop", torch.device("cpu"), steps_between_reads=2)
     losses = {11: [0.5, 0.25], 12: [1.0, float("inf")], 13: [float("nan"), 1.0], 14: [2.0, 2.0]}
@@ -146,7 +146,7 @@ def test_loss_watch_sums_micro_batches_per_step_and_names_the_first_bad_one():
 
 
 def test_loss_watch_skip_mode_leaves_the_bad_step_out_of_the_loss():
-    from gearshift.observe.nonfinite import LossWatch
+    from gearshift.observe.loss_watch import LossWatch
 
     watch = LossWatch("skip", torch.device("cpu"), steps_between_reads=4)
     allowed = []
@@ -158,7 +158,7 @@ def test_loss_watch_skip_mode_leaves_the_bad_step_out_of_the_loss():
 
 
 def test_loss_watch_sums_the_tasks_terms_beside_the_loss_and_skips_them_with_it():
-    from gearshift.observe.nonfinite import LossWatch
+    from gearshift.observe.loss_watch import LossWatch
 
     watch = LossWatch("skip", torch.device("cpu"), steps_between_reads=1)
     allowed = []

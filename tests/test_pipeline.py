@@ -20,7 +20,7 @@ from gearshift.data.loading import LoaderBatches, to_device
 from gearshift.data.prefetch import batch_tensors
 from gearshift.data.sources import build_datasets
 from gearshift.models import SimpleCNN
-from gearshift.models.checkpointing import CheckpointedSequential, apply_checkpointing
+from gearshift.models.recompute import CheckpointedSequential, apply_activation_checkpointing
 from gearshift.parallel.distributed import Ranks
 from gearshift.trainer import fit
 
@@ -174,7 +174,7 @@ def one_step(model: nn.Module, images, labels) -> None:
 def test_checkpointing_gives_the_same_gradients_and_recomputes(name, make, block):
     torch.manual_seed(0)
     plain = make()
-    checkpointed = apply_checkpointing(copy.deepcopy(plain))
+    checkpointed = apply_activation_checkpointing(copy.deepcopy(plain))
     assert any(isinstance(m, CheckpointedSequential) for m in checkpointed.modules())
     assert plain.state_dict().keys() == checkpointed.state_dict().keys()
     images, labels = torch.randn(4, 3, 16, 16), torch.randint(10, (4,))
@@ -199,7 +199,7 @@ def test_checkpointing_gives_the_same_gradients_and_recomputes(name, make, block
 def test_checkpointing_keeps_fewer_activations_for_the_backward_pass():
     torch.manual_seed(0)
     plain = torchvision.models.resnet18(num_classes=10)
-    checkpointed = apply_checkpointing(copy.deepcopy(plain))
+    checkpointed = apply_activation_checkpointing(copy.deepcopy(plain))
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(10, (8,))
     peaks = []
     for model in (plain, checkpointed):
@@ -226,7 +226,7 @@ def test_model_checkpointing_gear_trains_like_the_plain_model(tmp_path):
 
 
 def test_validation_runs_the_checkpointed_model_without_recomputing(tmp_path):
-    model = apply_checkpointing(SimpleCNN(3, 10, width=8))
+    model = apply_activation_checkpointing(SimpleCNN(3, 10, width=8))
     calls = []
     model[0].register_forward_pre_hook(lambda m, a: calls.append(torch.is_grad_enabled()))
     with torch.inference_mode():
@@ -241,7 +241,7 @@ def test_checkpointing_under_torch_compile_matches_eager():
     torch._dynamo.reset()
     torch.manual_seed(0)
     plain = SimpleCNN(3, 10, width=8)
-    compiled = torch.compile(apply_checkpointing(copy.deepcopy(plain)))
+    compiled = torch.compile(apply_activation_checkpointing(copy.deepcopy(plain)))
     images, labels = torch.randn(4, 3, 8, 8), torch.randint(10, (4,))
     one_step(plain, images, labels)
     one_step(compiled, images, labels)

@@ -12,7 +12,7 @@ import torch
 from helpers import make_cfg
 
 from gearshift.config import ConfigError, check_config
-from gearshift.observe.metrics import PerfMeter
+from gearshift.observe.throughput import PerfMeter
 from gearshift.trainer import fit
 
 

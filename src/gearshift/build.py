@@ -33,9 +33,9 @@ from gearshift.engine.runtime import configure_backends, configure_determinism, 
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model, compile_model, resolve_compile
 from gearshift.observe.findings import Finding, advise, log_findings
-from gearshift.observe.metrics import PerfMeter
+from gearshift.observe.loss_watch import LossWatch
 from gearshift.observe.mfu import MFU
-from gearshift.observe.nonfinite import LossWatch
+from gearshift.observe.throughput import PerfMeter
 from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import Ranks, rank_zero_value, wrap_model

@@ -31,9 +31,9 @@ from gearshift.engine.optim import Optimizers, clip_grad_norm
 from gearshift.engine.runtime import resolve_device
 from gearshift.observe.console import ProgressBar
 from gearshift.observe.loggers import NullLogger, build_logger
-from gearshift.observe.metrics import Interval, memory_metrics, peak_memory
-from gearshift.observe.nonfinite import NONE, nonfinite_message
+from gearshift.observe.loss_watch import NONE, nonfinite_message
 from gearshift.observe.summary import finished_summary, make_summary, write_summary
+from gearshift.observe.throughput import Interval, memory_metrics, peak_memory
 from gearshift.observe.token_rates import token_metrics
 from gearshift.parallel.distributed import (
     Ranks,

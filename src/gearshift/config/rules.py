@@ -1,4 +1,4 @@
-"""The errors of a config and the rules its checks share.
+"""The error of a config and the rules its checks share; DataError is in errors.py.
 
 `ConfigError` is a value that is not allowed, said in one line naming the key, the value
 and what is allowed; each schema dataclass checks its own node with these helpers
@@ -13,7 +13,6 @@ import dataclasses
 import importlib
 import types
 import typing
-from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -21,20 +20,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 class ConfigError(ValueError):
     """A config value that is not allowed; the message is one line for the user."""
-
-
-class DataError(ConfigError):
-    """Data that cannot be read, met while training (a damaged file): the run saves a
-    checkpoint at its last optimizer step, then ends with this one line (exit 2)."""
-
-    remedy = "fix the data"
-
-    def after(self, checkpoint: Path | None) -> DataError:
-        """This error, its message now saying where training stopped and how to go on."""
-        if checkpoint is not None:
-            remedy = f"{self.remedy}, then run the same command again to resume"
-            self.args = (f"{self}; saved {checkpoint}: {remedy}",)
-        return self
 
 
 def fail(key: str, value: Any, allowed: str) -> None:

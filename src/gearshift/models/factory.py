@@ -1,7 +1,7 @@
 """Building the model from its config node, and the model gears.
 
 Where the model gears act (docs/gears.md): memory format (tip 16), torch.compile (tip 8) and
-activation checkpointing (`model.checkpointing`, see checkpointing.py).
+activation checkpointing (`model.checkpointing`, see recompute.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch import nn
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 from gearshift.config.schema import MODEL_KEYS, CompileConfig
-from gearshift.models.checkpointing import apply_checkpointing
+from gearshift.models.recompute import apply_activation_checkpointing
 
 
 def build_model(
@@ -36,7 +36,7 @@ def instantiate_model(cfg: DictConfig) -> nn.Module:
             f"model._target_={options['_target_']!r} is not allowed; it built a "
             f"{type(model).__name__}, expected a torch.nn.Module"
         )
-    return apply_checkpointing(model) if checkpointing else model
+    return apply_activation_checkpointing(model) if checkpointing else model
 
 
 def resolve_compile(choice: bool | str, device: torch.device) -> tuple[bool, str]:

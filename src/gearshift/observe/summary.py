@@ -12,7 +12,7 @@ import torch
 
 from gearshift.observe.console import print_summary
 from gearshift.observe.loggers import write_json_atomic
-from gearshift.observe.metrics import PerfMeter, peak_memory
+from gearshift.observe.throughput import PerfMeter, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
 
 log = logging.getLogger(__name__)

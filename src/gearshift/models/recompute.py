@@ -122,7 +122,7 @@ def _convert(module: nn.Module, wanted, segments_of) -> tuple[nn.Module, int]:
     return module, count
 
 
-def apply_checkpointing(model: nn.Module) -> nn.Module:
+def apply_activation_checkpointing(model: nn.Module) -> nn.Module:
     """`model` with its blocks checkpointed (the root itself is replaced if it is the container)."""
     model, count = _convert(model, holds_blocks, lambda s: [(i, i + 1) for i in range(len(s))])
     if count == 0:  # no container of blocks: segment the flat Sequentials instead
