@@ -91,7 +91,7 @@ def test_evaluate_builds_no_optimizer_profiler_mfu_or_advice(tmp_path, monkeypat
     def recording(name: str, original):
         return lambda *args, **kwargs: built.append(name) or original(*args, **kwargs)
 
-    names = ("build_optimizers", "Profiler", "advise", "PerfMeter")
+    names = ("build_optimizers", "ProfilerOff", "advise", "PerfMeter")  # profile=off: ProfilerOff
     for name in names:
         monkeypatch.setattr(gearshift.build, name, recording(name, getattr(gearshift.build, name)))
     monkeypatch.setattr(
