@@ -35,7 +35,7 @@ from torchmetrics import Metric
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 from gearshift.config.targets import TRAINER_KEYS
-from gearshift.tasks.metrics import build_metrics, task_name
+from gearshift.tasks.metrics import build_metrics, describe, task_name
 
 Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
@@ -157,24 +157,18 @@ class Task(ABC):
         values are fine: they measure memory and arithmetic, not learning)."""
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a tensor of shape {list(value.shape)}"
-    return f"a {type(value).__name__}"
-
-
 def _wrong_loss(loss: Any, terms: Any) -> str | None:
     """What is wrong with Task.loss's (loss, terms), or None: shapes and types, no device read."""
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        return f"{_describe(loss)}, {EXPECTED}"
+        return f"{describe(loss)}, {EXPECTED}"
     if not isinstance(terms, dict):
-        return f"(loss, {_describe(terms)}), {EXPECTED}"
+        return f"(loss, {describe(terms)}), {EXPECTED}"
     for name, term in terms.items():
         if not isinstance(name, str) or not name or name in TRAINER_NAMES:
             taken = ", ".join(TRAINER_NAMES)
             return f"a term named {name!r}; the trainer logs train/ {taken} itself: rename it"
         if not isinstance(term, torch.Tensor) or term.dim() != 0:
-            return f"the term {name!r} as {_describe(term)}, {EXPECTED}"
+            return f"the term {name!r} as {describe(term)}, {EXPECTED}"
     return None
 
 
