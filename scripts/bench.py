@@ -51,6 +51,7 @@ import argparse
 import logging
 import math
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import nullcontext
@@ -76,9 +77,12 @@ from gearshift.models.factory import build_model
 from gearshift.models.gpt import GPT
 from gearshift.models.sampling import generate
 from gearshift.tasks import build_task
-from gearshift.trainer import fit
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # train.py: the loop the template trains with
+from train import fit  # noqa: E402
+
+CONF = ROOT / "conf"
 CASES = {  # name: (overrides, measured steps)
     "mlp": (["model=mlp", "batch_size=128"], 100),
     "resnet18": (["model=resnet18", "batch_size=64"], 15),
@@ -305,7 +309,7 @@ RACE_STEPS, RACE_VAL_EVERY = 150, 5
 
 
 class BarReporter:
-    """The run's validations, told through the Trainer's reporter seam (`trial.reporter`):
+    """The run's validations, told through the loop's reporter seam (`trial.reporter`):
     it stops the run (as a pruner would) once the loss is below the bar `study` holds."""
 
     def __init__(self, storage: str, study: str, number: int | None) -> None:

@@ -6,15 +6,16 @@ import gc
 import os
 from pathlib import Path
 
+import pytest
 import torch
-from helpers import make_cfg, recording_epoch_samples
+from helpers import make_cfg, record_logs, recording_epoch_samples
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.build
-import gearshift.trainer
+import train
 from gearshift.parallel.distributed import wrap_model
 
 
@@ -89,14 +90,7 @@ def train_recorded(rank: int, world_size: int, port: int, out: str, overrides: l
     """Train as `overrides` say (composed without helpers.TINY: token data has no images);
     save this rank's parameters (under FSDP its shards), what it logged and FSDP's units."""
     become_rank(rank, world_size, port)
-    logged = []
-    log = gearshift.trainer.Trainer.log
-
-    def recording_log(trainer, metrics):
-        logged.append(dict(metrics))
-        log(trainer, metrics)
-
-    gearshift.trainer.Trainer.log = recording_log
+    logged = record_logs(pytest.MonkeyPatch())  # a spawned process: undone when it ends
     result = fit_quietly(make_cfg(*overrides, tiny=False), Path(out) / f"rank{rank}")
     params = {
         name: (value.to_local() if isinstance(value, DTensor) else value).detach().clone()
@@ -113,7 +107,7 @@ def train_recorded(rank: int, world_size: int, port: int, out: str, overrides: l
 
 def fit_quietly(cfg, run_dir: Path):
     run_dir.mkdir(parents=True, exist_ok=True)
-    return gearshift.trainer.fit(cfg, run_dir)
+    return train.fit(cfg, run_dir)
 
 
 def restored_state(rank: int, world_size: int, port: int, out: str, overrides: list[str]) -> None:

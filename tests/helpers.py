@@ -28,13 +28,14 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import gearshift.config  # noqa: F401  (registers the schema with the ConfigStore)
+import train
 from gearshift.data.decode import UnreadableImage
 from gearshift.data.loading import EpochSampler
 from gearshift.engine import precision
 from gearshift.observe import findings
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.tasks import Task, build_task
-from gearshift.trainer import fit
+from train import fit
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -89,6 +90,36 @@ def stops_at_damaged_file(cfg: DictConfig, folder: Path, damaged: Path) -> Path:
     checkpoint = latest_checkpoint(folder / "checkpoints")
     assert checkpoint is not None and f"saved {checkpoint}" in message
     return checkpoint
+
+
+class Logged(list):
+    """What train.py's loop logged, as it logged it: the metrics of each call, in order,
+    with the step of each in `steps`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[int] = []
+
+
+def record_logs(patch) -> Logged:
+    """Record what the loop logs on this process's rank (other ranks log to a null logger;
+    theirs is recorded too). `patch`: pytest's monkeypatch, or a MonkeyPatch context."""
+    logged, build = Logged(), train.build_logger
+
+    def recording(*args, **kwargs):
+        logger = build(*args, **kwargs)
+        log = logger.log
+
+        def record(metrics: dict, step: int) -> None:
+            logged.append(dict(metrics))
+            logged.steps.append(step)
+            log(metrics, step)
+
+        logger.log = record
+        return logger
+
+    patch.setattr(train, "build_logger", recording)
+    return logged
 
 
 def task_of(cfg: DictConfig) -> Task:

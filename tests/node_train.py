@@ -26,7 +26,6 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 
 import gearshift  # noqa: E402
 import gearshift.data.images  # noqa: E402
-import gearshift.trainer  # noqa: E402
 import train  # noqa: E402
 
 optimizer_steps = 0
@@ -69,9 +68,9 @@ def fit_and_save(cfg, run_dir, run_name=None):
 register_optimizer_step_post_hook(count_step)
 if "GEARSHIFT_TEST_COPIES" in os.environ:
     gearshift.data.images.stage = partial(gearshift.data.images.stage, copy=counted_copy)
-fit = gearshift.trainer.fit
+fit = train.fit
 if "GEARSHIFT_TEST_OUT" in os.environ:
-    gearshift.trainer.fit = fit_and_save  # the task imports fit when it runs
+    train.fit = fit_and_save  # main passes the module's `fit` when it runs
 
 if __name__ == "__main__":
     gearshift.preflight(train.CONF)

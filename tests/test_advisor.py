@@ -16,7 +16,7 @@ from torch import nn
 from gearshift.advise import build_on_meta
 from gearshift.advise import main as advise_main
 from gearshift.observe.findings import advise
-from gearshift.trainer import fit
+from train import fit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touches the device
 

@@ -22,7 +22,7 @@ from gearshift.batch_finder import (
     measure_step_memory,
 )
 from gearshift.config import ConfigError, check_config
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 

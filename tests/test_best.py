@@ -15,7 +15,7 @@ from gearshift.state.best import BestTracker
 from gearshift.state.checkpoint_folders import load_checkpoint
 from gearshift.state.checkpointer import ModelState
 from gearshift.tasks import Classification
-from gearshift.trainer import fit
+from train import fit
 
 
 class ScriptedAccuracy(Classification):

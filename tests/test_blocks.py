@@ -8,14 +8,14 @@ import socket
 import pytest
 import torch
 import torchvision
-from helpers import make_cfg
+from helpers import make_cfg, record_logs
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from gearshift.models import GPT, MLP, SimpleCNN
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model
-from gearshift.trainer import Trainer, fit
+from train import fit
 
 
 def test_the_blocks_are_the_gpts_blocks_and_resnets_residual_blocks():
@@ -54,8 +54,7 @@ def test_fsdp_per_block_compiled_and_checkpointed_trains_the_gpt_on_cuda(tmp_pat
     )
     losses = {}
     for name, gears in {"plain": (), "fsdp": ("distributed=fsdp", "compile=on")}.items():
-        logged = []
-        monkeypatch.setattr(Trainer, "log", lambda trainer, metrics, to=logged: to.append(metrics))
+        logged = record_logs(monkeypatch)
         if name == "fsdp":
             env = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_PORT=str(port))
             for key, value in (env | {"MASTER_ADDR": "127.0.0.1"}).items():

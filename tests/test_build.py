@@ -13,7 +13,7 @@ from gearshift import evaluate
 from gearshift.engine import precision
 from gearshift.state import checkpointer
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 SMALL = ("model=mlp", "data.image_size=8", "data.num_val_samples=32")
 

@@ -18,10 +18,11 @@ from helpers import ROOT, make_cfg, run_train, seconds, train_in_process
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift import evaluate, export
+from gearshift.reporting import RunResult
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.state.checkpointer import CheckpointWriteFailed, RngState
 from gearshift.state.preemption import TrainingStopped
-from gearshift.trainer import RunResult, fit
+from train import fit
 
 
 def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
@@ -159,7 +160,7 @@ from pathlib import Path
 import torch.distributed.checkpoint.filesystem as fs
 sys.path.insert(0, sys.argv[3])
 from helpers import make_cfg
-from gearshift.trainer import fit
+from train import fit
 moment, saves = sys.argv[2], []  # sys.argv[4:]: more overrides
 write_item, finish = fs._write_item, fs._FileSystemWriter.finish
 def killing_write_item(transforms, stream, data, *args, **kwargs):

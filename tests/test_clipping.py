@@ -7,11 +7,10 @@ import math
 
 import pytest
 import torch
-from helpers import make_cfg, task_of
+from helpers import make_cfg, record_logs, task_of
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-import gearshift.trainer
-from gearshift.trainer import fit
+from train import fit
 
 LR = 0.1
 # SGD without momentum or weight decay and a constant lr: the one step is -LR x the gradient
@@ -27,7 +26,7 @@ class Recorded:
     """What one training step saw: its batch, the parameters before the update, the logs."""
 
     def __init__(self, monkeypatch, cfg) -> None:
-        self.batches, self.params, self.logs = [], [], []
+        self.batches, self.params = [], []
         task_class = type(task_of(cfg))
         loss = task_class.loss
 
@@ -37,13 +36,7 @@ class Recorded:
             return loss(task, model, batch)
 
         monkeypatch.setattr(task_class, "loss", recording_loss)
-        log = gearshift.trainer.Trainer.log
-
-        def recording_log(trainer, metrics):
-            self.logs.append(dict(metrics))
-            log(trainer, metrics)
-
-        monkeypatch.setattr(gearshift.trainer.Trainer, "log", recording_log)
+        self.logs = record_logs(monkeypatch)
 
         def hook(optimizer, args, kwargs):  # runs only for a step that is taken
             groups = optimizer.param_groups  # matrices and 1-D parameters may be apart

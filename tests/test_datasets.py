@@ -34,7 +34,7 @@ from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import UnreadableImage
 from gearshift.data.loading import build_data, build_loader
 from gearshift.data.staging import stage, staged_path
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 COLOURS = [(220, 40, 40), (40, 200, 40), (40, 40, 220)]

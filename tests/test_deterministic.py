@@ -15,7 +15,7 @@ from gearshift.config import ConfigError, check_config
 from gearshift.data.loading import build_loader
 from gearshift.data.synthetic import synthetic_images
 from gearshift.engine.runtime import configure_determinism
-from gearshift.trainer import fit
+from train import fit
 
 
 class NoisyImages(Dataset):

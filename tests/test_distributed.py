@@ -25,11 +25,11 @@ from helpers import (
     seconds,
 )
 
-import gearshift.trainer
+import train
 from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 TINY_CLI = [
     "data.image_size=8",
@@ -122,8 +122,8 @@ def gpt_one_process(tmp_path_factory):
     Run here (a spawned process costs seconds), undoing what the worker sets for a rank."""
     run_dir = tmp_path_factory.mktemp("gpt_one_process")
     environ, threads = dict(os.environ), torch.get_num_threads()
-    with pytest.MonkeyPatch.context() as patch:  # the worker's recording Trainer.log too
-        patch.setattr(gearshift.trainer.Trainer, "log", gearshift.trainer.Trainer.log)
+    with pytest.MonkeyPatch.context() as patch:  # the worker's recording logger too
+        patch.setattr(train, "build_logger", train.build_logger)
         try:  # in this process: the rank's RANK=0, WORLD_SIZE=1 and one thread must not outlive it
             train_recorded(0, 1, free_port(), str(run_dir), [*GPT_CLIPPED, "batch_size=16"])
         finally:  # (a later train.py run would inherit RANK and skip nproc_per_node's launcher)

@@ -14,7 +14,7 @@ from torch.optim.optimizer import (
 from gearshift.config import ConfigError, check_config
 from gearshift.engine.ema import EMA
 from gearshift.state.checkpoint_folders import checkpoint_path, latest_checkpoint, load_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 # simple_cnn has BatchNorm: running statistics (floats) and a counter (int64) to copy.
 GEARS = ("model=simple_cnn", "model.width=8", "data.image_size=8", "max_steps=6")

@@ -11,7 +11,7 @@ from helpers import ROOT, make_cfg, seconds
 
 from gearshift import evaluate
 from gearshift.state.checkpoint_folders import latest_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 # amp=bf16 and channels_last: the checkpoint's gears must act again for the figures to match
 GEARS = ("model=simple_cnn", "model.width=8", "data.image_size=8", "max_steps=4")
@@ -85,11 +85,6 @@ def test_the_command_line_names_a_missing_checkpoint_in_one_line(tmp_path):
 
 OWN_PACKAGE = """
 from gearshift.tasks import Classification
-from gearshift.trainer import Trainer
-
-
-class MyTrainer(Trainer):
-    pass
 
 
 class MyTask(Classification):
@@ -98,14 +93,14 @@ class MyTask(Classification):
 
 
 def train_with_own_package(tmp_path, *overrides: str):
-    """A checkpoint of a run whose trainer (and task) came from a package that is not on
+    """A checkpoint of a run whose task came from a package that is not on
     the path afterwards, as on the machine that exports or evaluates it."""
     package = tmp_path / "mine"
     package.mkdir()
     (package / "ownparts.py").write_text(OWN_PACKAGE)
     sys.path.insert(0, str(package))
     try:
-        cfg = make_cfg(*GEARS, "max_steps=1", "trainer=ownparts.MyTrainer", *overrides)
+        cfg = make_cfg(*GEARS, "max_steps=1", *overrides)
         fit(cfg, tmp_path / "run")
     finally:
         sys.path.remove(str(package))
@@ -113,17 +108,10 @@ def train_with_own_package(tmp_path, *overrides: str):
     return latest_checkpoint(tmp_path / "run" / "checkpoints")
 
 
-def test_export_imports_neither_the_trainer_nor_the_task_of_ones_own_package(tmp_path, capsys):
+def test_export_does_not_import_the_task_of_ones_own_package(tmp_path, capsys):
     from gearshift import export
 
     checkpoint = train_with_own_package(tmp_path, "task._target_=ownparts.MyTask")
     assert export.main([f"resume={checkpoint}", f"out={tmp_path / 'out'}"]) == 0, capsys.readouterr().err  # fmt: skip
     assert (tmp_path / "out" / "model.pt").exists()
-    assert "ownparts" not in sys.modules
-
-
-def test_evaluate_does_not_import_the_trainer_of_ones_own_package(tmp_path, capsys):
-    checkpoint = train_with_own_package(tmp_path, "data.num_val_samples=16")
-    assert evaluate.main([f"resume={checkpoint}", "logger=none"]) == 0, capsys.readouterr().err
-    assert json.loads((tmp_path / "run" / "eval.json").read_text())["step"] == 1
     assert "ownparts" not in sys.modules

@@ -16,7 +16,7 @@ from gearshift.data.loading import build_loader, loader_workers
 from gearshift.engine import precision
 from gearshift.engine.optim import Optimizers
 from gearshift.engine.precision import Precision, resolve_amp, resolve_amp_dtype
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 

@@ -19,7 +19,7 @@ from gearshift.data.text import codec_for
 from gearshift.models.gpt import GPT, KVCache
 from gearshift.models.sampling import generate
 from gearshift.state.checkpoint_folders import latest_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 WORDS = set(["the", "cat", "a", "dog", "my", "old", "friend", "teacher", "every", "child", "our", "queen", "sees", "likes", "chases", "paints", "forgets", "carries", "moon", "red", "ball", "his", "garden", "river", "some", "bread", "letter", "today", "again"])  # fmt: skip
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from gearshift.data.loading import build_loader
 from gearshift.data.synthetic import TensorPairs
-from gearshift.trainer import fit
+from train import fit
 
 pytestmark = pytest.mark.gpu
 

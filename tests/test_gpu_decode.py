@@ -31,7 +31,7 @@ from gearshift.data.gpu_decode import (
     resize_crop,
 )
 from gearshift.data.loading import build_data, to_device
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 COLOURS = [(220, 40, 40), (40, 200, 40), (40, 40, 220)]

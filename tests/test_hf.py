@@ -18,7 +18,7 @@ from gearshift.config import ConfigError
 from gearshift.evaluate import load_model
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import latest_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 CONF = make_cfg.__globals__["CONF"]

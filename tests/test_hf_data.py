@@ -25,7 +25,7 @@ from gearshift.data.decode import ImageDecoder, centre_square
 from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.parallel.distributed import Ranks
-from gearshift.trainer import fit
+from train import fit
 
 CLASSES = ["red", "green", "blue"]
 

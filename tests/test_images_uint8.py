@@ -33,7 +33,7 @@ from gearshift.data.loading import build_data
 from gearshift.data.resized import RAW_FILE
 from gearshift.data.staging import staged_path
 from gearshift.state.checkpoint_folders import load_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 NORMALISED = ("data.mean=[0.5,0.4,0.3]", "data.std=[0.2,0.25,0.3]")
 

@@ -11,10 +11,11 @@ from helpers import CONF, make_cfg, train_in_process
 from hydra import compose, initialize_config_dir
 from test_make_it_yours import COMMAND, TINY, work  # noqa: F401 (a fixture)
 
+from gearshift.build import Run, build_run
 from gearshift.config import ConfigError
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
-from gearshift.trainer import Trainer, fit
+from train import fit, train
 
 CPU = torch.device("cpu")
 
@@ -26,16 +27,16 @@ def trained(cfg, folder) -> dict:
     return {"path": path, "model": load_checkpoint(path)["model"]}
 
 
-def assert_started_from(trainer: Trainer, weights: dict) -> None:
-    """The trainer's model holds `weights` exactly; optimizer and position are fresh."""
-    ours = trainer.model.state_dict()
+def assert_started_from(run: Run, weights: dict) -> None:
+    """The run's model holds `weights` exactly; optimizer and position are fresh."""
+    ours = run.model.state_dict()
     assert ours.keys() == weights.keys()
     for name, tensor in weights.items():
         assert torch.equal(ours[name], tensor), name
     assert all(
-        o.state_dict()["state"] == {} for o in trainer.optimizers.optimizers
+        o.state_dict()["state"] == {} for o in run.optimizers.optimizers
     )  # no moments, no step counts
-    assert trainer.position.step == 0 and trainer.position.epoch == 0
+    assert run.position.step == 0 and run.position.epoch == 0
 
 
 def test_resnet18_starts_from_a_checkpoints_weights_with_a_fresh_optimizer(tmp_path):
@@ -44,12 +45,10 @@ def test_resnet18_starts_from_a_checkpoints_weights_with_a_fresh_optimizer(tmp_p
     saved = trained(make_cfg(*small, "max_steps=2"), tmp_path / "first")
     # a new config: another optimizer and lr, more steps
     cfg = make_cfg(*small, f"model.init_from={saved['path']}", "optimizer=adamw", "max_steps=3")
-    trainer = Trainer(cfg, tmp_path / "second", None, Ranks(), "none", CPU)
-    assert_started_from(trainer, saved["model"])
-    assert trainer.run.total_steps == 3 and isinstance(
-        trainer.optimizers.optimizers[0], torch.optim.AdamW
-    )
-    assert trainer.fit().summary["steps"] == 3  # trains on from there
+    run = build_run(cfg, tmp_path / "second", Ranks(), "none", CPU)
+    assert_started_from(run, saved["model"])
+    assert run.total_steps == 3 and isinstance(run.optimizers.optimizers[0], torch.optim.AdamW)
+    assert train(run, tmp_path / "second", None).summary["steps"] == 3  # trains on from there
 
 
 def test_the_make_it_yours_model_starts_from_its_checkpoint(work, monkeypatch):  # noqa: F811
@@ -62,9 +61,9 @@ def test_the_make_it_yours_model_starts_from_its_checkpoint(work, monkeypatch): 
 
     saved = trained(cfg("max_steps=2"), work / "first")
     assert any(name.startswith("net.") for name in saved["model"])  # the Denoiser's
-    trainer = Trainer(cfg(f"model.init_from={saved['path']}", "optimizer.lr=0.01"),
-                      work / "second", None, Ranks(), "none", CPU)  # fmt: skip
-    assert_started_from(trainer, saved["model"])
+    run = build_run(cfg(f"model.init_from={saved['path']}", "optimizer.lr=0.01"),
+                    work / "second", Ranks(), "none", CPU)  # fmt: skip
+    assert_started_from(run, saved["model"])
     sys.modules.pop("myproject", None)
 
 
@@ -76,13 +75,13 @@ def mlp(hidden: int, *overrides: str):
 def test_weights_of_another_shape_are_one_line_or_loaded_in_part(tmp_path):
     saved = trained(mlp(32), tmp_path / "first")
     with pytest.raises(ConfigError) as error:
-        Trainer(mlp(64, f"model.init_from={saved['path']}"), tmp_path / "b", None, Ranks(), "none", CPU)  # fmt: skip
+        build_run(mlp(64, f"model.init_from={saved['path']}"), tmp_path / "b", Ranks(), "none", CPU)  # fmt: skip
     message = str(error.value)
     assert "\n" not in message and message.startswith(f"model.init_from={str(saved['path'])!r}")
     assert "reshaped" in message and "[32, " in message and "(model: [64, " in message, message
     cfg = mlp(64, f"model.init_from={saved['path']}", "model.init_strict=false")
-    trainer = Trainer(cfg, tmp_path / "c", None, Ranks(), "none", CPU)
-    ours = trainer.model.state_dict()
+    run = build_run(cfg, tmp_path / "c", Ranks(), "none", CPU)
+    ours = run.model.state_dict()
     fitting = [k for k, v in saved["model"].items() if v.shape == ours[k].shape]
     assert fitting and len(fitting) < len(ours)  # the last layer's bias fits, the rest not
     for name in fitting:

@@ -7,7 +7,7 @@ import math
 import pytest
 from helpers import make_cfg
 
-from gearshift.trainer import fit
+from train import fit
 
 
 @pytest.mark.parametrize(

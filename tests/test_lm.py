@@ -16,7 +16,7 @@ from gearshift.app import preflight
 from gearshift.data.tokens import entropy_rate, markov_chain, synthetic_tokens
 from gearshift.state.preemption import TrainingStopped
 from gearshift.tasks import LanguageModel
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 VOCAB = 32

@@ -19,7 +19,7 @@ from gearshift.models import GPT
 from gearshift.models.factory import build_model
 from gearshift.observe.findings import advise
 from gearshift.observe.mfu import MFU, analytic_flops_per_sample, count_flops_per_sample
-from gearshift.trainer import fit
+from train import fit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touches the device
 VOCAB, BLOCK = 64, 16

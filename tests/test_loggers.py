@@ -21,7 +21,7 @@ from wandb_records import history
 from gearshift.app import _overrides_to_check
 from gearshift.config import ConfigError, check_config
 from gearshift.observe import loggers
-from gearshift.trainer import fit
+from train import fit
 
 # Log at every step but the first and validate mid-run, so each backend sees every family
 # of metrics (train/, perf/, mem/, val/) and a metric (val/...) that first appears late.

@@ -43,7 +43,7 @@ from gearshift.data.loading import build_data
 from gearshift.engine.optim import build_schedule
 from gearshift.models.factory import build_model
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 
 def readme_example() -> tuple[dict[str, str], list[str]]:

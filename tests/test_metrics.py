@@ -16,13 +16,14 @@ from helpers import (
     check_summary,
     make_cfg,
     only_summary,
+    record_logs,
     run_train,
 )
 from torch import nn
 
 from gearshift.observe.throughput import PerfMeter
 from gearshift.tasks import Classification
-from gearshift.trainer import Trainer, fit
+from train import fit
 
 
 def test_summary_json_has_every_key_with_sensible_values(tmp_path):
@@ -167,19 +168,15 @@ def test_a_term_beside_the_loss_is_logged_as_its_window_mean_in_the_same_host_re
     tmp_path, monkeypatch
 ):
     RETURNED.clear()
-    logged: dict[int, dict[str, float]] = {}
-    log = Trainer.log
-
-    def recording(trainer, metrics):
-        logged.setdefault(trainer.position.step, {}).update(metrics)
-        log(trainer, metrics)
-
-    monkeypatch.setattr(Trainer, "log", recording)
+    logs = record_logs(monkeypatch)
     reads = host_reads(monkeypatch, tmp_path, 20, "accum=2", f"task._target_={__name__}.AuxTerms")
     # no read more than a loss alone makes: the terms come in the loss's read
     assert reads == (20 // 10 + 1) + 1 + 1
     assert len(RETURNED) == 20 * 2  # every micro-batch's
     per_step = torch.stack(RETURNED).double().view(20, 2).mean(dim=1)  # a window's mean
+    logged: dict[int, dict[str, float]] = {}
+    for step, metrics in zip(logs.steps, logs, strict=True):
+        logged.setdefault(step, {}).update(metrics)
     steps = sorted(step for step, metrics in logged.items() if "train/loss" in metrics)
     assert steps == [5, 10, 20]  # the end of warm-up, then every 10
     for first, last in zip([0, *steps[:-1]], steps, strict=True):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from helpers import make_cfg, task_of
 
+import train as loop
 from gearshift import build
-from gearshift import trainer as loop
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
 from gearshift.observe.loggers import NullLogger

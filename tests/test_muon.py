@@ -13,14 +13,14 @@ from omegaconf import OmegaConf
 from test_checkpoint import assert_same_parameters
 from test_distributed import GPT_CLIPPED, two_ranks
 
-from gearshift.build import build_parts
+from gearshift.build import build_parts, build_run
 from gearshift.config import ConfigError
 from gearshift.engine.optim import Optimizers, build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
-from gearshift.trainer import Trainer, fit
+from train import fit
 
 CPU = torch.device("cpu")
 
@@ -68,7 +68,7 @@ def test_a_model_without_hidden_matrices_is_one_line(tmp_path):
     cfg.model = OmegaConf.create({"_target_": "torch.nn.Embedding", "num_embeddings": 64,
                                   "embedding_dim": 64})  # fmt: skip
     with pytest.raises(ConfigError) as error:
-        Trainer(cfg, tmp_path, None, Ranks(), "none", CPU)
+        build_run(cfg, tmp_path, Ranks(), "none", CPU)
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("optimizer.name='muon' is not allowed; Embedding has no 2-D hidden weights")  # fmt: skip

@@ -13,7 +13,7 @@ from helpers import ROOT, TINY, StepCounter, SyncCounter, make_cfg, seconds, tra
 
 from gearshift.config import ConfigError
 from gearshift.engine.failures import TrainingFailed
-from gearshift.trainer import fit
+from train import fit
 
 TESTS = ROOT / "tests"
 NAN_AT_3 = ("task._target_=injected.NaNLossAt", "+task.at_step=3")

@@ -22,7 +22,7 @@ from gearshift.data.sources import build_datasets
 from gearshift.models import SimpleCNN
 from gearshift.models.recompute import CheckpointedSequential, apply_activation_checkpointing
 from gearshift.parallel.distributed import Ranks
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 

@@ -26,7 +26,7 @@ from gearshift.observe.plan import (
     trace,
 )
 from gearshift.tasks import build_task
-from gearshift.trainer import fit
+from train import fit
 
 LM = ("experiment=lm", "logger=none", "progress_bar=false", "batch_size=8")
 CPU = torch.device("cpu")

@@ -16,7 +16,7 @@ from gearshift.data.loading import DeviceBatches, EpochSampler, epoch_order
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.state.position import Position
 from gearshift.state.preemption import TrainingStopped
-from gearshift.trainer import fit
+from train import fit
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2), (2, 4)])

@@ -13,7 +13,7 @@ from helpers import make_cfg
 
 from gearshift.config import ConfigError, check_config
 from gearshift.observe.throughput import PerfMeter
-from gearshift.trainer import fit
+from train import fit
 
 
 def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(

@@ -18,7 +18,7 @@ from distributed_workers import (
 from helpers import make_cfg, on_ranks, recording_epoch_samples
 
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
-from gearshift.trainer import fit
+from train import fit
 
 # AdamW: two moments per parameter (and a step count) that must come back resharded
 COMMON = ["model=mlp", "optimizer=adamw", "optimizer.schedule=constant", "batch_size=8"]

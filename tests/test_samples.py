@@ -15,7 +15,7 @@ from gearshift.config import ConfigError
 from gearshift.data.fields import FieldReader
 from gearshift.data.loading import to_device
 from gearshift.tasks import Classification, LanguageModel, Regression
-from gearshift.trainer import fit
+from train import fit
 
 CPU = torch.device("cpu")
 

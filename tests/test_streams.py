@@ -20,7 +20,7 @@ from gearshift.config import ConfigError
 from gearshift.data.streams import EpochOrder, Stream, build_stream_batches
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.state.preemption import TrainingStopped
-from gearshift.trainer import fit
+from train import fit
 
 
 class Numbers(Stream):

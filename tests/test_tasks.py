@@ -1,16 +1,19 @@
-"""The Task and Trainer seams: a second task trains through the same loop, a Trainer
-subclass overrides a step, and a target that is not a Task is one clear line."""
+"""The Task seam and train.py's loop: a second task trains through the same loop, the loop
+takes its windows of micro-batches, and a target that is not a Task is one clear line."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from helpers import make_cfg, task_of
+from helpers import make_cfg, record_logs, task_of
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
+import train
 from gearshift.config import ConfigError
 from gearshift.data.loading import build_data
+from gearshift.parallel.distributed import grad_sync
 from gearshift.tasks import Regression
-from gearshift.trainer import Trainer, fit
+from train import fit
 
 CPU = torch.device("cpu")
 
@@ -42,48 +45,33 @@ def test_regression_without_validation_data_reports_nulls(tmp_path):
     assert summary["val_loss"] is None and summary["val_mae"] is None
 
 
-class CountingTrainer(Trainer):
-    """A subclass that overrides three seams: it counts optimizer steps and micro-batches
-    and keeps what is logged."""
+def test_the_loop_takes_accum_micro_batches_a_step_and_syncs_gradients_on_the_last(
+    tmp_path, monkeypatch
+):
+    synced: list[bool] = []
 
-    def train_step(self, micro_batches) -> None:
-        self.steps = getattr(self, "steps", 0) + 1
-        super().train_step(micro_batches)
+    def recording_sync(model, enabled):
+        synced.append(enabled)
+        return grad_sync(model, enabled)
 
-    def forward_backward(self, batch, window: int, sync: bool) -> int:
-        self.micro_batches = getattr(self, "micro_batches", 0) + 1
-        self.synced = [*getattr(self, "synced", []), sync]
-        return super().forward_backward(batch, window, sync)
-
-    def log(self, metrics: dict[str, float]) -> None:
-        self.logged = [*getattr(self, "logged", []), (self.position.step, metrics)]
-        super().log(metrics)
-
-
-def test_a_trainer_subclass_is_chosen_by_config_and_its_seams_run(tmp_path, monkeypatch):
-    seen: list[CountingTrainer] = []
-    monkeypatch.setattr(CountingTrainer, "__init__", _recording_init(seen))
-    cfg = make_cfg(
-        "model=mlp", "max_steps=4", "accum=2", "log_every_n_steps=2", "warmup_steps=0",
-        f"trainer={__name__}.CountingTrainer",
-    )  # fmt: skip
-    summary = fit(cfg, tmp_path).summary
-    (trainer,) = seen
-    assert trainer.micro_batches == 4 * 2 == summary["steps"] * 2
-    assert trainer.steps == 4 and trainer.synced == [False, True] * 4  # the window's last syncs
-    train_logs = [step for step, metrics in trainer.logged if "train/loss" in metrics]
+    monkeypatch.setattr(train, "grad_sync", recording_sync)
+    logged = record_logs(monkeypatch)
+    steps = []
+    hook = register_optimizer_step_post_hook(lambda optimizer, args, kwargs: steps.append(1))
+    try:
+        cfg = make_cfg(
+            "model=mlp", "max_steps=4", "accum=2", "log_every_n_steps=2", "warmup_steps=0"
+        )
+        summary = fit(cfg, tmp_path).summary
+    finally:
+        hook.remove()
+    assert len(steps) == summary["steps"] == 4
+    assert synced == [False, True] * 4  # one all-reduce per window: on its last micro-batch
+    train_logs = [
+        step for step, metrics in zip(logged.steps, logged, strict=True) if "train/loss" in metrics
+    ]
     assert train_logs == [2, 4]
-    assert any("val/accuracy" in metrics for _, metrics in trainer.logged)
-
-
-def _recording_init(seen: list):
-    original = Trainer.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        seen.append(self)
-
-    return init
+    assert any("val/accuracy" in metrics for metrics in logged)
 
 
 class NotATask:

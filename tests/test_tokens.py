@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import load_script, make_cfg, seconds, train_in_process
+from helpers import load_script, make_cfg, record_logs, seconds, train_in_process
 from omegaconf import OmegaConf
 from rich.console import Console
 from test_checkpoint import assert_same_parameters, stop_and_resume
@@ -25,7 +25,7 @@ from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.data.tokens import token_files
 from gearshift.observe.console import print_summary
-from gearshift.trainer import Trainer, fit
+from train import fit
 
 CPU = torch.device("cpu")
 prepare_text = load_script("prepare_text")
@@ -352,8 +352,7 @@ def test_loader_workers_serve_the_same_batches(tmp_path):
 
 
 def test_tokens_per_sec_in_the_summary_wandb_metrics_and_console(tmp_path, monkeypatch):
-    logged = []
-    monkeypatch.setattr(Trainer, "log", lambda self, metrics: logged.append(metrics))
+    logged = record_logs(monkeypatch)
     cfg = tokens_cfg(
         _prepared(tmp_path, sentences=40), "max_steps=6", "log_every_n_steps=3", "warmup_steps=3"
     )

@@ -11,7 +11,7 @@ from helpers import make_cfg
 from wandb_records import history
 
 from gearshift.observe.loggers import wandb_mode
-from gearshift.trainer import fit
+from train import fit
 
 
 def test_mode_is_offline_without_a_key_and_online_with_one(no_wandb_key, monkeypatch):

@@ -1,5 +1,5 @@
 """gearshift: a PyTorch training template where every speed and memory optimisation is a switch."""
 
-from gearshift.app import preflight, train
+from gearshift.app import preflight, run_task
 
-__all__ = ["preflight", "train"]
+__all__ = ["preflight", "run_task"]

@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,9 @@ from gearshift.state.preemption import TrainingStopped
 
 log = logging.getLogger(__name__)
 
+# train.py's `fit(cfg, run_dir, run_name)`: trains, returns a result with the run's summary
+Fit = Callable[[DictConfig, Path, "str | None"], Any]
+
 EXIT_BAD_CONFIG = 2
 # Set by `python -m gearshift.torchrun`: rank 0 writes its one line there for the launcher
 ERROR_NOTE = "GEARSHIFT_ERROR_NOTE"
@@ -48,10 +51,10 @@ SEARCHED = "hydra.sweeper.params."  # the search space's keys, given on the comm
 _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun"}
 
 
-def train(cfg: DictConfig) -> float:
-    """Hydra's task function: check, train, return the objective a sweeper optimises."""
-    from gearshift.trainer import fit  # torch loads once the config is known good
-
+def run_task(cfg: DictConfig, fit: Fit) -> float:
+    """Hydra's task (train.py's `main`): check `cfg`, train with `fit` in this process or
+    in `distributed.nproc_per_node` ranks, return the objective a sweeper optimises. Bad
+    input, a failed run and a stop each end in one line and their exit code."""
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     run_name = hydra_cfg.job.override_dirname or None
@@ -67,7 +70,7 @@ def train(cfg: DictConfig) -> float:
         if cfg.distributed.nproc_per_node > 1 and "RANK" not in os.environ:
             from gearshift.launch import launch_local
 
-            summary = launch_local(cfg, run_dir, run_name)  # the ranks run `fit` themselves
+            summary = launch_local(fit, cfg, run_dir, run_name)  # the ranks run `fit`
         else:
             summary = fit(cfg, run_dir, run_name).summary
     except (ConfigError, CheckpointError) as error:

@@ -10,8 +10,11 @@ the run's `gears` (summary.json) is the collection of those decisions with their
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,24 +24,39 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from gearshift.config import ConfigError
+from gearshift.config.schema import DistributedConfig
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
 from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets, stream_length
 from gearshift.engine.ema import EMA, build_ema
+from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers, build_optimizers, optimizer_label
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
-from gearshift.engine.runtime import configure_backends, configure_determinism, seed_everything
+from gearshift.engine.runtime import (
+    configure_backends,
+    configure_determinism,
+    resolve_device,
+    seed_everything,
+)
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model, compile_model, resolve_compile
 from gearshift.observe.findings import Finding, advise, log_findings
-from gearshift.observe.loss_watch import LossWatch
+from gearshift.observe.loss_watch import LossWatch, nonfinite_message
 from gearshift.observe.mfu import MFU
 from gearshift.observe.throughput import PerfMeter
 from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
-from gearshift.parallel.distributed import Ranks, rank_zero_value, wrap_model
+from gearshift.parallel.distributed import (
+    Ranks,
+    destroy_process_group,
+    init_process_group,
+    rank_zero_value,
+    ranks_from_environment,
+    resolve_strategy,
+    wrap_model,
+)
 from gearshift.state.best import BestTracker, build_tracker
 from gearshift.state.checkpointer import (
     Checkpointer,
@@ -181,6 +199,37 @@ class Run(Parts):
             "plan": self.plan.summary(summary) if self.plan else None,
         }
 
+    def save(self) -> Path | None:
+        """Checkpoint the run at its position: every rank writes its shards (state/checkpointer.py)."""
+        return self.checkpointer.save(self.position, check=self.check_finite)
+
+    def save_at_last_step(self) -> Path | None:
+        """save() at the last optimizer step: a window cut short is redone on resume."""
+        self.position.batch -= self.position.batch % self.cfg.accum
+        return self.save()
+
+    def check_finite(self) -> None:
+        """Never save poisoned weights: the losses since the last log step and the weights."""
+        first_bad, finite = self.losses.check(self.model.parameters())
+        if first_bad is not None or not finite:
+            raise TrainingFailed(self.nonfinite(first_bad))
+
+    def nonfinite(self, step: int | None) -> str:
+        """The line a NaN/inf loss (at `step`) or NaN/inf weights end the run with."""
+        return nonfinite_message(
+            step, self.position.step, self.checkpointer.latest(), self.cfg.on_nonfinite
+        )
+
+    def close(self, quiet: bool) -> None:
+        """At the run's end, finished or not: a checkpoint write in flight completes (`quiet`:
+        without its log line), a run cut short keeps the steps it profiled, and
+        profile.memory_snapshot's history is written."""
+        self.checkpointer.close(quiet=quiet)
+        self.profiler.finish()
+        if self.memory_history is not None:
+            self.memory_history.dump()
+            self.memory_history.stop()
+
     def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
         """The line an out-of-memory error at `step` ends the run with (the allocator's
         history dumped first), naming the memory gears that are not on yet."""
@@ -195,6 +244,38 @@ class Run(Parts):
             amp=self.precision.dtype is not None, checkpointing=self.gears["checkpointing"],
             batch_size_auto=self.batch_choice is not None,
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Job:
+    """This process's place in the training job."""
+
+    ranks: Ranks
+    strategy: str  # none, ddp, fsdp (dp wraps in one process)
+    device: torch.device
+    run_dir: Path  # rank 0's run folder, on every rank
+
+
+@contextlib.contextmanager
+def distributed_job(cfg: DistributedConfig, device_name: str, run_dir: Path) -> Iterator[Job]:
+    """While inside: this process's rank, strategy and device, and under DDP and FSDP the
+    process group (tip 18: one process per device, not DataParallel's threads)."""
+    ranks = ranks_from_environment()
+    strategy = resolve_strategy(cfg.strategy, ranks)
+    device = resolve_device(device_name, ranks.local_rank)
+    if not ranks.is_zero:  # rank 0 speaks for the job
+        logging.getLogger("gearshift").setLevel(logging.WARNING)
+    if strategy in ("ddp", "fsdp"):
+        init_process_group(ranks, device, cfg)
+        run_dir = Path(rank_zero_value(str(run_dir)))  # one run folder, rank 0's, for every rank
+    try:
+        yield Job(ranks, strategy, device, run_dir)
+    finally:
+        # The run is unreachable now, but in reference cycles: free its wrapped model (DDP's
+        # reducer, FSDP's state) while the process group lives, not in the interpreter's
+        # teardown, where gloo aborted now and then (SIGABRT after a finished run).
+        gc.collect()
+        destroy_process_group()
 
 
 def build_parts(

@@ -122,7 +122,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
             f"resume={str(path)!r}: the checkpoint was trained for another task "
             f"({trained_for}), not {now}"
         )
-    check_config(cfg, uses=RUN_PARTS - {"trainer"})  # validation runs without the Trainer
+    check_config(cfg, uses=RUN_PARTS)
     device = resolve_device(cfg.device)
     parts = build_parts(cfg, Ranks(), "none", device)
     if parts.val_batches is None:
@@ -153,7 +153,7 @@ def load_model(
 ) -> tuple[nn.Module, DictConfig]:
     """The checkpoint's model (its weight average unless `raw`), built from its config and
     `overrides` as training built it, on its device in eval mode; and that config. Only
-    the model is built (for export and generate): not the task, data or trainer."""
+    the model is built (for export and generate): not the task or data."""
     checkpoint = load_checkpoint(path, parts=("model", "ema"))
     cfg = evaluation_config(checkpoint["config"], overrides, config_dir)
     cfg.model.checkpointing = False  # a gear of training; the model is used as it is

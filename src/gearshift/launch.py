@@ -26,7 +26,7 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ from gearshift.data.loading import cpu_count
 from gearshift.parallel.distributed import ranks_from_environment
 from gearshift.state.checkpoint_folders import CheckpointError, latest_checkpoint
 from gearshift.state.preemption import TrainingStopped
-from gearshift.trainer import fit
 
 # Passed on to the ranks: torch elastic's own four, and the two that schedulers use to warn
 # of a stop (SLURM's --signal, submitit's USR2). The ranks save on TERM, INT, USR1, USR2.
@@ -46,9 +45,12 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUS
 EXIT_BAD_INPUT = 2
 
 
-def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[str, Any]:
+def launch_local(
+    fit: Callable[..., Any], cfg: DictConfig, run_dir: Path, run_name: str | None
+) -> dict[str, Any]:
     """Start `distributed.nproc_per_node` ranks here with torch's elastic launcher (what
-    torchrun uses) and return rank 0's summary; raises TrainingStopped on a stop signal."""
+    torchrun uses), each training with `fit` (train.py's), and return rank 0's summary;
+    raises TrainingStopped on a stop signal."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -67,7 +69,7 @@ def launch_local(cfg: DictConfig, run_dir: Path, run_name: str | None) -> dict[s
             config = _launch_config(cfg, LaunchConfig)
             try:
                 launch = elastic_launch(config, run_rank)
-                results = launch(cfg, str(run_dir), run_name, str(stop_note))
+                results = launch(fit, cfg, str(run_dir), run_name, str(stop_note))
             except SignalException as signalled:
                 raise stopped_ranks(signalled.sigval, stop_note, run_dir) from None
             except ChildFailedError:
@@ -128,7 +130,9 @@ def error_note_for(stop_note: Path) -> Path:
     return stop_note.with_name("error.txt")
 
 
-def run_rank(cfg: DictConfig, run_dir: str, run_name: str | None, stop_note: str) -> dict[str, Any]:
+def run_rank(
+    fit: Callable[..., Any], cfg: DictConfig, run_dir: str, run_name: str | None, stop_note: str
+) -> dict[str, Any]:
     """One rank started by `launch_local`: log like Hydra would, then train. Stopped by a
     signal, rank 0 writes its step and checkpoint to `stop_note` for the parent, which
     reports it; every rank exits 128+signal. Unusable input (ConfigError, CheckpointError):

@@ -14,10 +14,10 @@ from gearshift.config.data_checks import check_data
 from gearshift.config.rules import fail
 from gearshift.config.targets import check_arguments, check_types
 
-# The parts of a run that check_config imports and checks: all of them for training;
-# `evaluate` leaves out the trainer, `export` and `generate` use the model alone, so a
-# trainer, task or source of the run's own package need not import where they run.
-RUN_PARTS = frozenset({"model", "task", "data", "trainer"})
+# The parts of a run that check_config imports and checks: all of them for training and
+# `evaluate`; `export` and `generate` use the model alone, so a task or source of the
+# run's own package need not import where they run.
+RUN_PARTS = frozenset({"model", "task", "data"})
 
 
 def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:

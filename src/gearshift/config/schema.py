@@ -501,7 +501,6 @@ DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # cuda:N: the CUDA device N
 DETERMINISTIC = (True, False, "warn")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 ON_NONFINITE = ("stop", "skip")
-TRAINER = "gearshift.trainer.Trainer"  # the class every `trainer=` names, or a subclass of it
 
 
 @dataclass
@@ -546,7 +545,6 @@ class Config:
     matmul_precision: str = "highest"  # MATMUL_PRECISIONS; float32 matmuls; high: TF32 on CUDA
     progress_bar: bool = True  # the progress bar and the closing table
     on_nonfinite: str = "stop"  # ON_NONFINITE, for a NaN/inf loss: exit 1, or skip its update
-    trainer: str = TRAINER  # or a subclass of yours: mypackage.MyTrainer
     trial: TrialConfig = field(default_factory=TrialConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
     plan: PlanConfig = MISSING
@@ -576,22 +574,13 @@ class Config:
 
     @staticmethod
     def check_parts(cfg: DictConfig, uses: frozenset[str]) -> None:
-        """The model, task and trainer of `uses` import; `trainer` names a subclass of
-        Trainer, told by the names of its bases: the config layer sits below the trainer's
-        and does not import it."""
+        """The model and task of `uses` import."""
         for key, what in (("model", "model class or function"), ("task", "task class")):
             target = OmegaConf.select(cfg, f"{key}._target_")
             if key in uses and not target:
                 fail(f"{key}._target_", target, f"name the {what} to build")
             if key in uses:
                 locate(f"{key}._target_", target)
-        if "trainer" in uses:
-            if not cfg.trainer:
-                fail("trainer", cfg.trainer, "name the Trainer class to build")
-            found = locate("trainer", cfg.trainer)
-            bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
-            if not isinstance(found, type) or TRAINER not in bases:
-                fail("trainer", cfg.trainer, f"it must name a subclass of {TRAINER} (module.Name)")
 
     @staticmethod
     def check_device(device: str) -> None:

@@ -273,10 +273,17 @@ class Loggers(NullLogger):
 
 
 def build_logger(
-    cfg: LoggerConfig, run_dir: Path, config: dict, name: str | None, start_step: int = 0
+    cfg: LoggerConfig,
+    run_dir: Path,
+    config: dict,
+    name: str | None,
+    start_step: int = 0,
+    enabled: bool = True,
 ) -> NullLogger:
     """The backends `cfg` (the logger node) selects; `start_step`: the step a resumed run
-    continues from (0 for a new one)."""
+    continues from (0 for a new one). Not `enabled` (ranks other than 0): none."""
+    if not enabled:
+        return NullLogger()
     backends: list[NullLogger] = []
     if cfg.wandb and cfg.mode != "disabled":
         backends.append(WandbLogger(cfg, run_dir, config, name))

@@ -1,0 +1,98 @@
+"""What train.py's loop reports: the metrics of a log step (the loop's one read of the
+device, reduced over the ranks in one collective) and the summary at the run's end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from gearshift.engine.failures import TrainingFailed
+from gearshift.engine.optim import Optimizers
+from gearshift.observe.loss_watch import NONE
+from gearshift.observe.summary import make_summary, write_summary
+from gearshift.observe.throughput import Interval, memory_metrics, peak_memory
+from gearshift.observe.token_rates import token_metrics
+from gearshift.parallel.distributed import gather_sum_max
+
+if TYPE_CHECKING:
+    from gearshift.build import Run
+    from gearshift.observe.loggers import NullLogger
+    from gearshift.validation import Validation
+
+
+@dataclass
+class RunResult:
+    model: nn.Module
+    optimizers: Optimizers
+    summary: dict[str, Any]
+    steady: Interval  # the steady-state steps behind the summary's figures
+
+
+@dataclass
+class LogPoint:
+    metrics: dict[str, float]  # train/loss and the task's terms, lr, throughput, memory
+    loss: float  # the mean training loss since the last log step, over every rank
+    samples_per_sec: float  # the job's
+    stop_agreed: bool  # some rank was asked to stop: every rank stops at this step
+
+
+def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: bool) -> LogPoint:
+    """The metrics of the interval since the last log step. A NaN/inf loss on any rank
+    since then ends the run here (TrainingFailed) under on_nonfinite=stop."""
+    extra = [] if grad_norm is None else [grad_norm]
+    sums, first_bad, skipped, norm = run.losses.read(extra)  # one read for all
+    interval = run.meter.flush()
+    peak_bytes, _ = peak_memory(run.device)
+    world = run.ranks.world_size
+    (*totals, global_samples, stops), (peak_bytes, first_bad) = gather_sum_max(
+        [*sums.values(), interval.samples, float(stop_requested)],  # the loss and its terms
+        [peak_bytes, -(NONE if first_bad is None else first_bad)],  # max of - = first
+        run.device,
+    )
+    if first_bad > -NONE:
+        raise TrainingFailed(run.nonfinite(int(-first_bad)))
+    counted = (interval.steps - skipped) * world  # skipped steps' losses are left out
+    means = run.losses.means(totals, counted)  # train/loss, then the task's terms
+    samples_per_sec = global_samples / interval.seconds
+    metrics = {
+        **means,
+        "train/lr": run.optimizers.lr(),
+        "perf/samples_per_sec": samples_per_sec,
+        **interval.metrics(),
+        **run.mfu.metrics(samples_per_sec / world),
+        **token_metrics(samples_per_sec, run.task.tokens_per_sample),
+        "mem/peak_gib": peak_bytes / 2**30,
+        **memory_metrics(run.device),
+    }
+    if norm:  # this step's, before clipping; the same on every rank
+        metrics["train/grad_norm"] = norm[0]
+    metrics |= run.precision.metrics() | run.losses.metrics()  # fp16's; on_nonfinite=skip's
+    return LogPoint(metrics, means["train/loss"], samples_per_sec, stops > 0)
+
+
+def summarize(
+    run: Run, run_dir: Path, last_loss: float, validation: Validation, logger: NullLogger
+) -> dict[str, Any]:
+    """summary.json (rank 0 writes it into `run_dir`), the log line and the closing table."""
+    p = run.position
+    summary = make_summary(
+        run.meter, run.device, run.ranks.world_size, p.step, p.samples_counted,
+        last_loss, run.gears, validation.values,
+    )  # fmt: skip
+    ema = run.ema
+    summary |= {
+        **run.summary(summary),  # the build's: MFU, tokens/s, budget, batch size, advice
+        "stop_reason": validation.stop_reason,
+        "best": run.best.summary(run.checkpointer.best_path),
+        "ema": None if ema is None else {"decay": ema.decay, **validation.ema_values},
+        "profile": run.profiler.finish(),
+        "nonfinite_skipped_steps": run.losses.skipped,
+    }
+    run.profiler.report(logger, p.step)
+    if run.ranks.is_zero:
+        write_summary(run_dir, summary, table=run.cfg.progress_bar)
+    return summary
