@@ -2,7 +2,7 @@
 
 A GPT of 8 layers x 512 (about 30M parameters: 118 MB of float32 weights, 354 MB with
 AdamW's two moments) trains a few steps between saves through the Checkpointer the
-Trainer uses (state/checkpointer.py, DCP step folders). Saves alternate between a sync and
+training loop uses (state/checkpointer.py, DCP step folders). Saves alternate between a sync and
 an async Checkpointer (sync, async, async, sync, ...) so drift in machine speed hits both
 alike. Per save:
 

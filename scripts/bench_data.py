@@ -10,7 +10,7 @@ another tool is; the time to index 10,000 members that way is printed first) and
 all on the same generated folder of JPEGs (about 400x400, like ImageNet's), at the same
 image size, batch size and number of workers. A configuration's time is one epoch of
 loading with no model: the loader's batches, copied to the device (CPU: none) and made
-into normalised float32 images there (`device_transforms`: what the trainer does with
+into normalised float32 images there (`device_transforms`: what the loop does with
 uint8 batches), so every row ends with the same kind of batch. `--host-only` times the
 loader's batches as they come (the host's share of a GPU run, where the device finishes
 uint8 batches; on a CPU that share is all there is to parallelise over workers). Repeats are interleaved
@@ -95,7 +95,7 @@ def recipe(folder: Path, size: int, batch: int, workers: int, pin: bool) -> Iter
 
 
 def gearshift_loader(overrides: list[str], device: torch.device) -> tuple[Iterable, Callable]:
-    """gearshift's training batches for `overrides`, and what the trainer does with each."""
+    """gearshift's training batches for `overrides`, and what the loop does with each."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
     train, _ = build_data(cfg, device)

@@ -2,7 +2,7 @@
 
 It is a ConfigError (one line for the user, exit 2) that the training loop catches to save
 a checkpoint first. It lives in config/, the bottom layer, so that data/ can raise it and
-the trainer catch it, both importing it from `gearshift.config`.
+train.py's loop catch it, both importing it from `gearshift.config`.
 """
 
 from __future__ import annotations

@@ -484,7 +484,8 @@ class SweepConfig:
 class TrialConfig:
     """A run that is one trial of a study: the sweeper (hydra/sweeper=gearshift_optuna) sets
     this node for each trial it launches; a run of its own leaves it null. build.py builds
-    `reporter` with the other keys, and the Trainer reports every validation to it."""
+    `reporter` with the other keys, and the loop's validation (validation.py) reports each
+    validation to it."""
 
     reporter: str | None = None  # the reporter's class (module.Name); null: the run reports nowhere
     storage: str | None = None  # where the study lives: a journal file, or a database URL
@@ -492,7 +493,7 @@ class TrialConfig:
     number: int | None = None  # the trial's number (= its run folder under the sweep folder)
 
 
-# The model node's keys that are the trainer's, not the model's arguments (models/factory.py):
+# The model node's keys that are gearshift's, not the model's arguments (models/factory.py):
 # init_from: a checkpoint or a Hugging Face GPT-2 folder whose weights the model starts from;
 # init_strict: false loads the tensors that fit and lists the rest.
 MODEL_KEYS = {"init_from": None, "init_strict": True}
@@ -505,8 +506,8 @@ ON_NONFINITE = ("stop", "skip")
 
 @dataclass
 class Config:
-    # instantiated through its _target_; init_from and init_strict are the trainer's
-    # (models/init.py), present in every model node, yours too
+    # instantiated through its _target_; init_from and init_strict are gearshift's
+    # (state/init_from.py), present in every model node, yours too
     model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_KEYS))
     data: dict[str, Any] = MISSING  # a source: its _target_ builds the datasets (data/sources.py)
     task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)

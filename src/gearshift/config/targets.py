@@ -27,7 +27,7 @@ from gearshift.config.instantiate import check_keywords
 from gearshift.config.rules import check_fields, locate
 from gearshift.config.schema import MODEL_KEYS
 
-# The keys of a node that are the trainer's, not arguments of its target.
+# The keys of a node that are gearshift's, not arguments of its target.
 TRAINER_KEYS = {
     "data": ("on_device", "stage_to", "fields"),  # data/sources.py build_datasets
     "model": ("checkpointing", *MODEL_KEYS),  # models/factory.py, state/init_from.py
@@ -38,7 +38,7 @@ ACTIVATIONS = ("gelu", "gelu_tanh")  # models/gpt.py: GELU's exact form, or GPT-
 
 @dataclass
 class DataNode:
-    """The trainer's keys of every source."""
+    """gearshift's keys of every source."""
 
     on_device: bool
     stage_to: str | None
@@ -137,7 +137,7 @@ class HfNode(ImagesNode):
 
 @dataclass
 class ModelNode:
-    """The trainer's keys of every model."""
+    """gearshift's keys of every model."""
 
     checkpointing: bool
     init_from: str | None

@@ -5,7 +5,7 @@ laid end to end in one tensor (`collate_jpegs`: one buffer to pin and hand over,
 the images' sizes). `DeviceDecodedBatches` then decodes each batch with one call of
 `torchvision.io.decode_jpeg(list, device=...)` (batched nvJPEG on CUDA) and resizes it as
 the host path does (each image's centre square to `data.image_size`), in a thread of its
-own a few batches ahead of the training loop (on CUDA on a side stream). The trainer gets
+own a few batches ahead of the training loop (on CUDA on a side stream). The loop gets
 uint8 batches already on the device, in the `memory_format` gear's layout, exactly as from
 the host's uint8 path: its DeviceTransforms scales them to [0, 1], augments them
 (`data.augment`) and normalises them (`data.mean`/`data.std`) there.
@@ -44,7 +44,7 @@ JPEG_MAGIC = b"\xff\xd8\xff"  # start-of-image marker, then the first segment's 
 
 
 class DamagedJpeg(UnreadableImage):
-    """A JPEG that passed the magic-bytes check but whose data cannot be decoded (the trainer
+    """A JPEG that passed the magic-bytes check but whose data cannot be decoded (the loop
     checkpoints and ends the run with its one line, like any UnreadableImage)."""
 
     def __init__(self, path: str, reason: str) -> None:
@@ -112,7 +112,7 @@ class JpegFiles(Dataset):
     """(path, label) pairs read as undecoded bytes: decoding is the device's (`data.decode=gpu`).
 
     `device_transforms` (the source's stage of data/device_transforms.py: `data.augment`,
-    `data.mean`, `data.std`) is what the trainer does to the decoded uint8 batches.
+    `data.mean`, `data.std`) is what the loop does to the decoded uint8 batches.
     """
 
     collate = staticmethod(collate_jpegs)
@@ -198,7 +198,7 @@ def resize_crop(images: Sequence[torch.Tensor], size: int) -> torch.Tensor:
 
 class DeviceDecodedBatches:
     """Batches of JPEG bytes from `batches` (a loader over `JpegFiles`), yielded decoded and
-    resized on `device` (uint8, in `memory_format`), with the labels there too; the trainer's
+    resized on `device` (uint8, in `memory_format`), with the labels there too; the run's
     DeviceTransforms then scales, augments and normalises them (`dataset.device_transforms`).
 
     A thread of its own decodes up to AHEAD batches ahead of the training loop: nvJPEG

@@ -5,7 +5,7 @@ A source is a callable that takes the data node's other keys as keyword argument
 returns `(train dataset, validation dataset or None)` (a lone dataset means no
 validation). The built-in ones (`data=synthetic`, `imagefolder`, `cifar10`,
 `synthetic_regression`) are ordinary sources; yours plugs in with
-`data._target_=mypackage.my_source`. Three keys belong to the trainer, not the source:
+`data._target_=mypackage.my_source`. Three keys are gearshift's, not the source's:
 
 - `data.on_device`: the source gets `device=` and makes its tensors there (docs/gears.md tip 4);
   it must take a `device` argument and return `TensorPairs`.

@@ -70,7 +70,7 @@ class Stream(IterableDataset):
     def __len__(self) -> int:
         return sum(self.piece_lengths())
 
-    def __iter__(self) -> Iterator[Any]:  # outside the trainer: every piece, in order
+    def __iter__(self) -> Iterator[Any]:  # outside training: every piece, in order
         for piece in range(len(self.piece_lengths())):
             yield from self.read(piece, 0)
 

@@ -2,7 +2,7 @@
 
 `data=synthetic` draws images around one random pattern per class, so a model can learn
 it; `data=synthetic_regression` draws images whose targets are a fixed random linear
-function of their channel means. With `data.on_device=true` the trainer passes the
+function of their channel means. With `data.on_device=true` the build passes the
 training device and the whole set is generated there (docs/gears.md tip 4: no loader, no copies);
 otherwise it is an ordinary map-style dataset on the host, served by a DataLoader like
 real data, so the data-loader gears have something to act on.

@@ -28,7 +28,7 @@ def instantiate_model(cfg: DictConfig) -> nn.Module:
     tensors (observe/plan.py: fake ones, on the planned device)."""
     options = OmegaConf.to_container(cfg, resolve=True)
     checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
-    for key in MODEL_KEYS:  # the trainer's (build.py applies model.init_from)
+    for key in MODEL_KEYS:  # gearshift's (build.py applies model.init_from)
         options.pop(key, None)
     model = instantiate("model", options)
     if not isinstance(model, nn.Module):

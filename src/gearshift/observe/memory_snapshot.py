@@ -2,7 +2,7 @@
 memory viewer (https://pytorch.org/memory_viz), and the one line an out-of-memory error
 ends a run with.
 
-Recording starts when the Trainer is built, so the model, optimizer state and every step
+Recording starts as `build.py build_run` begins, so the model, optimizer state and every step
 are in it; `profile/memory_snapshot.pickle` is written at the end of the run and whenever
 training runs out of memory (rank N > 0 of a distributed run: `memory_snapshot_rankN.pickle`).
 Recording costs about 2 us per allocation (PyTorch's figure) and up to MAX_ENTRIES entries of

@@ -141,7 +141,7 @@ class Trace:
 def _step(
     cfg, model, optimizers, task: Task, batch_size: int, accum: int, dtype, device, tracker
 ) -> None:
-    """One optimizer step as the Trainer takes it: accum micro-batches, clipping, update."""
+    """One optimizer step as train.py's loop takes it: accum micro-batches, clipping, update."""
     memory_format = torch.channels_last if cfg.memory_format.channels_last else None
     for _ in range(accum):
         batch = task.example_batch(batch_size, device)

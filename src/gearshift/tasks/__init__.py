@@ -1,4 +1,4 @@
-"""Tasks: what a run learns. The trainer asks its task for the loss and the validation
+"""Tasks: what a run learns. The loop asks its task for the loss and the validation
 metrics; the batch-size finder and the FLOP counter ask it for an example batch."""
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ nesting of tuples, lists and dicts of tensors, every tensor copied (4-D images i
 model's layout, normalised and augmented there). The built-in tasks read a pair, or a
 dict's fields by name (`split`: `input_fields` / `target_fields`, first present wins, or
 the names `data.fields` gives); a task of your own may read the batch any way it likes.
-The trainer runs `loss` under autocast for every micro-batch and reads nothing back from
+The loop (train.py) runs `loss` under autocast for every micro-batch and reads nothing back from
 the device between log steps: a task returns tensors, never Python numbers. `loss` may
-return terms beside the loss, `(loss, {name: tensor})`: the trainer sums them on the
+return terms beside the loss, `(loss, {name: tensor})`: the loop sums them on the
 device like the loss and logs their means as train/<name> at log steps, in the same host
 read. Validation runs `eval_step` under `torch.inference_mode()` for every batch and
 updates each metric (`val_metrics`, torchmetrics.Metric accumulators, plus those the
@@ -39,7 +39,7 @@ from gearshift.tasks.metrics import build_metrics, describe, task_name
 
 Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
-# The train/ names the trainer logs itself: a term of the loss's may not take one.
+# The train/ names the loop logs itself: a term of the loss's may not take one.
 TRAINER_NAMES = ("loss", "lr", "grad_norm", "nonfinite_skipped_steps")
 EXPECTED = "expected a scalar tensor or (loss, {name: scalar tensor})"
 # The fields an image task reads a dict sample by (a Hugging Face dataset's, your own).
@@ -102,7 +102,7 @@ class Task(ABC):
         self, model: nn.Module, batch: Batch
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """`loss` as (the loss, its logged terms, maybe none), checked on the host only:
-        a form the trainer cannot log is one line."""
+        a form the loop cannot log is one line."""
         value = self.loss(model, batch)
         loss, terms = value if isinstance(value, tuple) and len(value) == 2 else (value, {})
         wrong = _wrong_loss(loss, terms)

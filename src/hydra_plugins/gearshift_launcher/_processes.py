@@ -178,7 +178,7 @@ def stop_when_gone(pid: int) -> None:
     sweep was killed (SIGKILL, a lost terminal) stops at its next step and saves, as on any
     stop signal, instead of training on with no one waiting for it; one still building its
     run exits (submitit's handler would let SIGTERM pass). A rerun of the sweep resumes it."""
-    signal.signal(signal.SIGTERM, _exit_on_signal)  # the trainer's takes over while it trains
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # the loop's own takes over while it trains
 
     def watch() -> None:
         try:
