@@ -71,7 +71,7 @@ def jpeg_cfg(path: Path, decode: str, *overrides: str):
 def model_inputs(
     cfg, batches, train: bool = False, device: torch.device = CPU
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """What the model sees of each batch: placed as Trainer.place does."""
+    """What the model sees of each batch: placed as the loop places it (to_device, then the device transforms)."""
     layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
     source = source_transforms(batches.dataset)  # the source's stage: augment, mean, std
     transforms = DeviceTransforms(cfg.device_transforms, device, layout, cfg.seed, source)

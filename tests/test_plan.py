@@ -33,7 +33,7 @@ CPU = torch.device("cpu")
 
 
 def measured_peak(cfg) -> int:
-    """Peak tensor bytes of two real optimizer steps as the Trainer takes them: the
+    """Peak tensor bytes of two real optimizer steps as train.py's loop takes them: the
     parameters and buffers, plus every storage the operators allocate, tallied until its
     weakref finalizer fires (batch_finder.py TensorMemory), not by the estimator."""
     torch.manual_seed(0)

@@ -17,7 +17,7 @@ from wandb_records import finished_records
 
 MIB = 2**20
 
-# summary.json `gears` of a baseline run of sweep=ablation on a CPU, as the trainer writes it
+# summary.json `gears` of a baseline run of sweep=ablation on a CPU, as a run writes it
 BASE_GEARS = {
     "amp": "off",
     "amp_reason": "float32: amp=off",
