@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import importlib.util
 import math
 import os
 import re
@@ -58,7 +59,7 @@ def readme_example() -> tuple[dict[str, str], list[str]]:
             files[name[1]] = text
     command = next(
         line for language, text in blocks if language == "bash" for line in text.splitlines()
-        if "train.py" in line
+        if "train.py" in line and "experiment=" in line
     )  # fmt: skip
     words = shlex.split(command)
     script = next(i for i, word in enumerate(words) if word.endswith("train.py"))
@@ -417,6 +418,90 @@ def test_a_schedule_of_ones_own_sets_each_steps_lr(own_package):
     assert result.summary["steps"] == 6
     assert lrs == [0.08 * thirds(step, 6) for step in range(6)]
     assert lrs == [0.08, 0.08, 0.04, 0.04, 0.02, 0.02]  # halved after each third
+
+
+def edited_train_py() -> str:
+    """train.py as "Edit train.py" edits it, as a reader does: the page's fit in place of
+    train.py's (its import beside the others), and the page's step in place of the lines
+    from `window, samples = ...` to `optimizers.step_schedules()`."""
+    imports, fit_def = page_block("# train.py: fit, edited").split("\n\n\n", 1)
+    step = page_block("# train.py: the step, edited")
+    text = (ROOT / "train.py").read_text()
+    old_fit = re.search(r"^def fit\(.*?\n(?=\n\n)", text, re.S | re.M)[0]
+    old_step = re.search(
+        r"^ +window, samples = .*?^ +optimizers\.step_schedules\(\)\n", text, re.S | re.M
+    )[0]
+    text = text.replace(old_fit, fit_def).replace(old_step, step)
+    future = "from __future__ import annotations\n"
+    return text.replace(future, f"{future}\n{imports}\n", 1)
+
+
+def import_file(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_edited_train_py_steps_a_gans_two_optimizers_and_checkpoints_and_resumes_both(
+    own_package,
+):
+    gan = page_block(
+        "# myproject/gan.py: two nets in one module, their optimizers, and the task that scores them"
+    )
+    (own_package / "myproject" / "gan.py").write_text(gan)
+    (own_package / "train.py").write_text(edited_train_py())
+    edited = import_file(own_package / "train.py", "edited_train")
+    run_dir = own_package / "run"
+    run_dir.mkdir()  # the logger's folder, as Hydra makes it
+    cfg = partial(
+        make_cfg, *page_command("myproject.gan.GAN"), "logger=csv", "progress_bar=false",
+        "data.num_samples=64", "data.num_val_samples=32", "batch_size=16", "log_every_n_steps=2",
+    )  # fmt: skip
+    stepped, before = [], {}
+
+    def pre(optimizer, args, kwargs):  # each optimizer's parameters before its first step
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        before.setdefault(optimizer, [p.detach().clone() for p in params])
+
+    hooks = (
+        register_optimizer_step_pre_hook(pre),
+        register_optimizer_step_post_hook(lambda optimizer, args, kwargs: stepped.append(optimizer)),
+    )  # fmt: skip
+    try:
+        result = edited.fit(cfg("max_steps=4"), run_dir)
+        first = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["optimizer"]
+        resumed = edited.fit(cfg("max_steps=6"), run_dir)  # resume=auto: the same run folder
+    finally:
+        for hook in hooks:
+            hook.remove()
+    model, (generator, discriminator) = result.model, result.optimizers.optimizers
+    assert result.summary["steps"] == 4 and result.summary["gears"]["optimizer"] == "adamw"
+    assert stepped[:8] == [discriminator, generator] * 4  # each step: the discriminator, then
+    for optimizer, net in ((generator, model.generator), (discriminator, model.discriminator)):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        assert {id(p) for p in params} == {id(p) for p in net.parameters()}  # its net's, all
+        moved = [not torch.equal(old, p.detach()) for old, p in zip(before[optimizer], params, strict=True)]  # fmt: skip
+        assert all(moved) and len(moved) == 4
+    with (run_dir / "metrics.csv").open(newline="") as file:
+        rows = {(int(step), name): float(value) for step, name, value in list(csv.reader(file))[1:]}
+    for step in (2, 4):
+        d_loss, g_loss = rows[step, "train/discriminator"], rows[step, "train/generator"]
+        assert d_loss > 0 and g_loss > 0
+        assert rows[step, "train/loss"] == pytest.approx(d_loss + g_loss, rel=1e-5)
+    assert 0 <= rows[4, "val/fooled"] <= 1 and result.summary["val_fooled"] == rows[4, "val/fooled"]
+    names = {name for name, _ in model.named_parameters()}
+    assert {name.split(".")[0] for name in names} == {"generator", "discriminator"}
+    assert set(first["state"]) == names  # both optimizers' state, by parameter name
+    assert len(first["param_groups"]) == 2 and len(first["schedules"]) == 2
+    assert {float(state["step"]) for state in first["state"].values()} == {4.0}
+
+    assert resumed.summary["steps"] == 6 and (run_dir / "summary.json").is_file()
+    generator, discriminator = resumed.optimizers.optimizers
+    assert stepped[-4:] == [discriminator, generator] * 2  # steps 5 and 6
+    last = load_checkpoint(latest_checkpoint(run_dir / "checkpoints"))["optimizer"]
+    # AdamW's step counts went on from 4: both optimizers' state was restored
+    assert {float(state["step"]) for state in last["state"].values()} == {6.0}
 
 
 def test_a_per_sample_weight_reaches_the_task_with_no_wrapper_and_is_logged(work):
