@@ -609,6 +609,7 @@ def test_the_warm_up_comes_before_a_scheduler_class_and_resumes_within_it():
         lrs = []
         for _ in range(steps):
             lrs.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()  # the loop's order: the update, then the schedule
             schedule.step()
         return lrs, schedule.state_dict() | {"lr": optimizer.param_groups[0]["lr"]}
 
