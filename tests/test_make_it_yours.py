@@ -40,11 +40,18 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from gearshift.build import check_validation
 from gearshift.data.loading import build_data
 from gearshift.engine.optim import build_schedule
+from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+<<<<<<< HEAD
 from train import fit
+=======
+from gearshift.tasks import build_task
+from gearshift.trainer import fit
+>>>>>>> mends
 
 
 def readme_example() -> tuple[dict[str, str], list[str]]:
@@ -592,6 +599,21 @@ def test_a_metric_that_cannot_give_one_number_is_one_line_before_training(
     assert_one_line_error(done, tmp_path, message)
 
 
+def test_a_metric_checked_at_the_start_validates_without_its_per_batch_checks():
+    """torchmetrics' validate_args (a check of each batch's targets: a host sync per batch)
+    is on while the start checks the metric, off after it, unless the node sets it."""
+    accuracy = "++task.metrics.top1._target_=torchmetrics.classification.MulticlassAccuracy"
+    cfg = make_cfg(*F1, accuracy, "++task.metrics.top1.num_classes=10",
+                   "++task.metrics.top1.validate_args=true")  # fmt: skip
+    task = build_task(cfg.task)
+    f1, top1 = task.validation["f1"], task.validation["top1"]
+    assert f1.validate_args is True and top1.validate_args is True  # built with its checks
+    model = build_model(cfg.model, CPU, torch.contiguous_format)
+    check_validation(cfg, task, model, CPU, Precision(None, CPU), torch.contiguous_format)
+    assert f1.validate_args is False
+    assert top1.validate_args is True  # the node's own choice stays
+
+
 COMMAND_TINY = ("logger=none", "progress_bar=false", "data.image_size=8", "batch_size=16")
 
 
@@ -676,6 +698,7 @@ def test_the_warm_up_comes_before_a_scheduler_class_and_resumes_within_it():
         lrs = []
         for _ in range(steps):
             lrs.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()  # the loop's order: the update, then the schedule
             schedule.step()
         return lrs, schedule.state_dict() | {"lr": optimizer.param_groups[0]["lr"]}
 

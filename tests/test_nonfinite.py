@@ -6,13 +6,17 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 
 import pytest
 import torch
 from helpers import ROOT, TINY, StepCounter, SyncCounter, make_cfg, seconds, train_in_process
+from test_checkpoint import stop_and_resume
+from torch.optim.lr_scheduler import LambdaLR
 
 from gearshift.config import ConfigError
 from gearshift.engine.failures import TrainingFailed
+from gearshift.engine.optim import Builtin, schedule_factor
 from train import fit
 
 TESTS = ROOT / "tests"
@@ -72,6 +76,47 @@ def test_skip_skips_the_nan_steps_update_and_trains_on(tmp_path):
     assert summary["steps"] == 6 and summary["nonfinite_skipped_steps"] == 1
     assert math.isfinite(summary["final_loss"]) and math.isfinite(summary["val_loss"])
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
+
+
+def test_a_skipped_first_update_still_steps_the_schedule_without_an_order_warning(tmp_path):
+    """The schedule steps after every step, also one whose update was skipped: a warm-up
+    whose first update is skipped, stopped and resumed (its first update skipped again),
+    draws no warning of a schedule stepped before its optimizer (torch's LRScheduler's)."""
+
+    def cfg(*more: str):
+        return make_cfg(
+            "model=mlp", "task._target_=injected.NaNLossAt", "+task.at_step=1",
+            "on_nonfinite=skip", "optimizer.lr_warmup_steps=2", "max_steps=4", *more,
+        )  # fmt: skip
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        saved, resumed = stop_and_resume(cfg, tmp_path, step=1)  # after loop step 2
+    assert [str(w.message) for w in caught if "lr_scheduler" in str(w.message)] == []
+    assert saved["position"]["step"] == 2 and saved["optimizer"]["schedules"][0]["last_epoch"] == 2
+    assert resumed.summary["steps"] == 4 and resumed.summary["nonfinite_skipped_steps"] == 1
+
+
+def test_the_builtin_schedule_goes_on_from_a_lambdalrs_saved_state():
+    """Checkpoints written while the built-in schedule was a LambdaLR resume its count."""
+    cfg = make_cfg("optimizer.lr_warmup_steps=3", "optimizer.lr=0.5").optimizer
+    factor = schedule_factor(cfg, total_steps=10)
+    lrs = []
+    for schedule in (LambdaLR, Builtin):
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+        scheduled = schedule(optimizer, factor)
+        for _ in range(4):
+            optimizer.step()
+            scheduled.step()
+        lrs.append(optimizer.param_groups[0]["lr"])
+        if schedule is LambdaLR:
+            state = scheduled.state_dict()
+    assert lrs[0] == lrs[1]
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)  # its peak
+    resumed = Builtin(optimizer, factor)
+    resumed.load_state_dict(state)
+    resumed.step()
+    assert resumed.last_epoch == 5 and optimizer.param_groups[0]["lr"] == 0.5 * factor(5)
 
 
 def test_out_of_memory_ends_the_run_with_one_line_naming_batch_size_and_gears(tmp_path):

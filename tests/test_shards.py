@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import tarfile
+import textwrap
 from functools import partial
 from pathlib import Path
 
@@ -269,3 +272,30 @@ def test_the_stream_reads_any_shard_from_any_member_on_in_file_order(tmp_path, m
                 assert label == want_label and torch.equal(image, want_image)
         first += length
     assert [torch.equal(a[0], b[0]) for a, b in zip(stream, by_index, strict=True)] == [True] * 17
+
+
+def test_a_reader_collected_at_exit_or_after_a_failed_init_goes_quietly(tmp_path):
+    """ShardReader.__del__ with its module's globals already torn down (interpreter exit)
+    and on a reader whose __init__ failed before it set its file descriptors."""
+    (tmp_path / "000000.tar").write_bytes(b"\0" * 512)
+    script = textwrap.dedent(f"""
+        import gc, os, types
+        from gearshift.data.shards import ShardReader
+
+        class Failing(ShardReader):
+            def __init__(self, samples):
+                raise ValueError("before any attribute")
+
+        try:
+            Failing(None)
+        except ValueError:
+            pass
+        gc.collect()
+        reader = ShardReader(None)
+        reader.fds[0] = os.open({str(tmp_path / "000000.tar")!r}, os.O_RDONLY)
+        types.reader = reader  # types is imported before shards: torn down after it, at exit
+    """)
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -68,7 +68,14 @@ from gearshift.state.checkpointer import (
 )
 from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
-from gearshift.tasks.metrics import check_metrics, describe, failing_as, is_scalar, task_name
+from gearshift.tasks.metrics import (
+    check_metrics,
+    describe,
+    failing_as,
+    is_scalar,
+    stop_checking_arguments,
+    task_name,
+)
 
 if TYPE_CHECKING:  # the optional parts' modules load only where their feature is configured
     from gearshift.batch_finder import BatchSizeChoice
@@ -350,12 +357,14 @@ def check_validation(
     memory_format: torch.memory_format,
 ) -> None:  # fmt: skip
     """The task's validation of its example batch: its eval_step and each metric, with the
-    random streams left as they were (a resumed run draws as it would have)."""
+    random streams left as they were (a resumed run draws as it would have); then the
+    metrics' own checks of each batch off."""
     added = cfg.task.get("metrics") or {}
     configured = {name: added[name].get("_target_") for name in added}
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         batch = to_device(task.example_batch(2, device), device, False, memory_format)
         check_metrics(task, model, batch, precision.autocast, configured)
+    stop_checking_arguments(task.validation, added)  # checked: no per-batch checks (syncs)
 
 
 def build_precision(

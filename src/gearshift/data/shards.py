@@ -24,7 +24,6 @@ reads.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -286,10 +285,14 @@ class ShardReader:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "fds": {}}  # a file descriptor means nothing in a worker
 
-    def __del__(self) -> None:
+    def __del__(self, close=os.close) -> None:
+        # `close` is bound at definition: at interpreter exit this module's globals (os,
+        # contextlib) may already be None; getattr: an __init__ that failed set no fds
         for fd in getattr(self, "fds", {}).values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            try:  # noqa: SIM105 (contextlib may be None by then, as os)
+                close(fd)
+            except OSError:
+                pass
 
     def read(self, i: int) -> bytes:
         samples = self.samples

@@ -15,7 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+from torch.optim.lr_scheduler import LRScheduler
 
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import accepts
@@ -48,10 +48,10 @@ def build_schedule(
     total_steps: int,
 ) -> Schedule:  # fmt: skip
     """`optimizer`'s lr schedule: the scheduler node's class after the warm-up of
-    optimizer.lr_warmup_steps, or the built-in's factor (warm-up included) as a LambdaLR."""
+    optimizer.lr_warmup_steps, or the built-in's factor (warm-up included)."""
     target = None if scheduler is None else scheduler.get("_target_")
     if target is None:
-        return LambdaLR(optimizer, schedule_factor(cfg, total_steps))
+        return Builtin(optimizer, schedule_factor(cfg, total_steps))
     warmup = cfg.lr_warmup_steps
     keywords = plain({k: v for k, v in scheduler.items() if k != "_target_"})
     if "total_steps" not in keywords and accepts(
@@ -60,6 +60,37 @@ def build_schedule(
         keywords["total_steps"] = max(1, total_steps - warmup)  # the steps it schedules
     schedule = build("scheduler", target, optimizer, keywords)
     return Warmup(optimizer, warmup, schedule) if warmup else schedule
+
+
+class Builtin:
+    """The built-in schedule: every group's lr is its peak (its initial_lr) times
+    `factor(step)`, step 0 the first: LambdaLR's arithmetic and state (`last_epoch`, the
+    steps taken), not its check that an optimizer.step() came before its first step. The
+    loop steps the schedule after every step, also one whose update was skipped (fp16's
+    GradScaler finding inf/nan gradients, on_nonfinite=skip), so a run whose first update
+    was skipped met torch's warning of a schedule stepped out of order."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[int], float]):
+        self.optimizer, self.factor, self.last_epoch = optimizer, factor, 0
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        self._set()
+
+    def _set(self) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.factor(self.last_epoch)
+
+    def step(self) -> None:
+        self.last_epoch += 1
+        self._set()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """What `state_dict` saved, or a LambdaLR's (checkpoints written before): the same
+        count. The lr itself comes back with the optimizer's state."""
+        self.last_epoch = state["last_epoch"]
 
 
 class Warmup:
@@ -95,7 +126,7 @@ class Warmup:
         self.schedule.load_state_dict(state["schedule"])
 
 
-Schedule = LRScheduler | Warmup
+Schedule = LRScheduler | Builtin | Warmup
 
 
 def optimizer_label(cfg: DictConfig) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -24,10 +23,6 @@ import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from gearshift.engine.optim import Optimizers
-
-# When GradScaler skips a step (inf/nan gradients, as it does while it finds its scale), the
-# schedule still steps; that is intended, and torch's warning about the order is noise here.
-warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 SWITCHES = {"none": "amp=off", "auto": "amp=on", "bfloat16": "amp=bf16", "float16": "amp=fp16"}

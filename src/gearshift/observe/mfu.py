@@ -9,6 +9,8 @@ The peak is the device's dense rate for the dtype the matmuls run in: on NVIDIA 
 the vendor's datasheet (dense figures: the "with sparsity" ones are twice these), on a CPU
 a float matmul measured at start-up. `achieved = flops_per_sample * samples/s` per device,
 `mfu = achieved / peak`; at log steps it comes from the interval's samples/s (no extra sync).
+A CPU's peak is timed once: a machine busier then than during the steps gives an MFU above
+1, which the summary reports as it is, with `peak_flops_beaten` true.
 
 A transformer that states its own analytical count (a `flops_per_token(time)` method, as
 models/gpt.py's GPT: 6 x parameters without the position embeddings + attention's
@@ -318,13 +320,19 @@ class MFU:
         return {} if mfu is None else {"perf/mfu": mfu}
 
     def summary(self, samples_per_sec_per_device: float) -> dict[str, Any]:
+        """The figures at the run's throughput. MFU is never clamped: a run that beat the
+        peak says so (`peak_flops_beaten`), as a CPU run does whose start-up probe timed
+        its matmuls while the machine was busier than during the steps."""
+        achieved = self.flops_per_sample * samples_per_sec_per_device
+        peak, mfu = self.peak_flops_per_sec, self.of(samples_per_sec_per_device)
         return {
             "flops_per_sample": self.flops_per_sample,
             "flops_source": self.flops_source,
             "flops_per_sample_counted": self.counted_flops_per_sample,
             "flops_per_sample_analytic": self.analytic_flops_per_sample,
-            "achieved_flops_per_sec": self.flops_per_sample * samples_per_sec_per_device,
-            "peak_flops_per_sec": self.peak_flops_per_sec,
+            "achieved_flops_per_sec": achieved,
+            "peak_flops_per_sec": peak,
             "peak_flops_source": self.peak_flops_source,
-            "mfu": self.of(samples_per_sec_per_device),
+            "mfu": mfu,
+            "peak_flops_beaten": None if mfu is None else mfu > 1,
         }

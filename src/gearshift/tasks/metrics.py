@@ -209,6 +209,18 @@ def check_metrics(
         model.train(training)
 
 
+def stop_checking_arguments(metrics: Mapping[str, Metric], node: Mapping[str, Any]) -> None:
+    """`validate_args` off for the metrics the `task.metrics` node built that have it
+    (torchmetrics' classification ones) and whose node does not set it: their check of each
+    update's targets (torch.unique) is a host-device sync per validation batch. Call it
+    after check_metrics: the example batch was checked with it on, and so were the
+    arguments, when the metric was built. A task's own metrics stay as it made them."""
+    for name, options in node.items():
+        has_switch = isinstance(getattr(metrics[name], "validate_args", None), bool)
+        if has_switch and "validate_args" not in options:
+            metrics[name].validate_args = False
+
+
 def is_scalar(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1
