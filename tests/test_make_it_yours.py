@@ -46,12 +46,8 @@ from gearshift.engine.optim import build_schedule
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
-<<<<<<< HEAD
-from train import fit
-=======
 from gearshift.tasks import build_task
-from gearshift.trainer import fit
->>>>>>> mends
+from train import fit
 
 
 def readme_example() -> tuple[dict[str, str], list[str]]:
