@@ -508,12 +508,12 @@ def max_tokens_of(cfg: DictConfig) -> int | None:
 
 def build_run(
     cfg: DictConfig, run_dir: Path, ranks: Ranks, strategy: str, device: torch.device,
-    make_optimizers: Callable[..., Optimizers] = build_optimizers,
+    make_optimizers: Callable[..., Optimizers] | None = None,
 ) -> Run:  # fmt: skip
     """Every part of a training run, restored from its checkpoint when it resumes.
     `make_optimizers(model, cfg.optimizer, total_steps, fsdp=, scheduler=)` builds the
     optimizers the checkpoint holds: a step of one's own passes its own from train.py (a
-    GAN's two: docs/make-it-yours.md)."""
+    GAN's two: docs/make-it-yours.md); None: the optimizer node's (build_optimizers)."""
     if device.type == "cuda":  # this run's peak, not the process's (sweeps run in one process)
         torch.cuda.reset_peak_memory_stats(device)
     memory_history = None
@@ -547,7 +547,7 @@ def build_run(
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
     batches_per_epoch = len(parts.train_batches)
     total_steps = run_length(cfg, max_steps, batches_per_epoch, ranks, trained)
-    optimizers = make_optimizers(
+    optimizers = (make_optimizers or build_optimizers)(
         model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp", scheduler=cfg.scheduler
     )
     best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
