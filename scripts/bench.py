@@ -68,7 +68,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from gearshift.data.loading import build_data, to_device
+from gearshift.build import data_batches
+from gearshift.data.loading import to_device
 from gearshift.data.text import CharTokenizer, write_token_folder
 from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import resolve_amp
@@ -115,7 +116,7 @@ def hand_written_loop(cfg: DictConfig) -> Timing:
     layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
     dtype = resolve_amp(cfg.amp.dtype, device).dtype  # what the template resolves it to
     autocast = partial(torch.autocast, device.type, dtype=dtype) if dtype else nullcontext
-    train, _ = build_data(cfg, device)
+    train, _ = data_batches(cfg, device)
     pool = [to_device(b, device, False, layout) for b in islice(train, POOL)]  # no pipeline
     task = build_task(cfg.task)
     model = build_model(cfg.model, device, layout)

@@ -51,9 +51,10 @@ from rich.table import Table
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
+from gearshift.build import data_batches
 from gearshift.data.decode import JPEG_DECODERS, installed, time_decoders
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
-from gearshift.data.loading import build_data, to_device
+from gearshift.data.loading import to_device
 from gearshift.data.resized import stored_side
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -98,7 +99,7 @@ def gearshift_loader(overrides: list[str], device: torch.device) -> tuple[Iterab
     """gearshift's training batches for `overrides`, and what the loop does with each."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    train, _ = build_data(cfg, device)
+    train, _ = data_batches(cfg, device)
     dataset = getattr(train, "dataset", None)
     finish = DeviceTransforms(
         cfg.device_transforms, device, torch.contiguous_format, 0, source_transforms(dataset)

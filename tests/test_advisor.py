@@ -15,7 +15,7 @@ from torch import nn
 
 from gearshift.advise import build_on_meta
 from gearshift.advise import main as advise_main
-from gearshift.observe.findings import advise
+from gearshift.build import advise_config
 from train import fit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touches the device
@@ -23,7 +23,7 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touch
 
 def finding_ids(*overrides: str, device: torch.device = CPU, model: nn.Module | None = None):
     cfg = make_cfg(*overrides)
-    return {f.id for f in advise(cfg, model or build_on_meta(cfg), device)}
+    return {f.id for f in advise_config(cfg, model or build_on_meta(cfg), device)}
 
 
 # (overrides, device the run is for, the finding it must raise)
@@ -78,7 +78,7 @@ def test_rules_that_cost_only_on_a_gpu_stay_silent_on_the_cpu(monkeypatch):
 
 def test_amp_bf16_on_a_cpu_where_it_measures_slower_names_the_slowdown_and_the_fix(monkeypatch):
     fake_cpu_speed(monkeypatch, 0.01)  # bf16 emulated, as on an AVX2-only CPU
-    [finding] = advise(make_cfg("amp=bf16"), build_on_meta(make_cfg()), CPU)
+    [finding] = advise_config(make_cfg("amp=bf16"), build_on_meta(make_cfg()), CPU)
     assert finding.id == "amp-slower-than-fp32"
     assert "amp=bf16" in finding.message
     assert "bf16 measured 100x slower than float32 (matmul 0.01x, conv 0.01x)" in finding.message
@@ -95,12 +95,12 @@ def test_conv_bias_before_batchnorm_found_inside_a_resnet_through_fx():
     block = model.layer2[1]
     block.conv1 = nn.Conv2d(128, 128, 3, padding=1, bias=True)
     cfg = make_cfg()
-    findings = advise(cfg, model, CPU)
+    findings = advise_config(cfg, model, CPU)
     [conv_bias] = [f for f in findings if f.id == "conv-bias-before-batchnorm"]
     assert "'layer2.1.conv1' -> 'layer2.1.bn1'" in conv_bias.message
     assert "1 convolution(s)" in conv_bias.message
     assert "conv-bias-before-batchnorm" not in {
-        f.id for f in advise(cfg, torchvision.models.resnet18(num_classes=10), CPU)
+        f.id for f in advise_config(cfg, torchvision.models.resnet18(num_classes=10), CPU)
     }
 
 
@@ -118,7 +118,9 @@ class Untraceable(nn.Module):
 
 
 def test_conv_bias_before_batchnorm_found_without_fx_in_sequential_order():
-    [finding] = [f for f in advise(make_cfg(), Untraceable(), CPU) if f.id.startswith("conv")]
+    [finding] = [
+        f for f in advise_config(make_cfg(), Untraceable(), CPU) if f.id.startswith("conv")
+    ]
     assert "'body.0' -> 'body.1'" in finding.message
 
 
@@ -132,7 +134,9 @@ def test_conv_bias_not_flagged_when_the_conv_output_is_used_elsewhere():
             y = self.conv(x)
             return self.bn(y) + y  # the bias matters on the skip path
 
-    assert "conv-bias-before-batchnorm" not in {f.id for f in advise(make_cfg(), Branch(), CPU)}
+    assert "conv-bias-before-batchnorm" not in {
+        f.id for f in advise_config(make_cfg(), Branch(), CPU)
+    }
 
 
 def test_checkpointed_models_are_still_traced_for_conv_bias():
@@ -148,7 +152,9 @@ def test_data_parallel_fires_when_the_config_chooses_dp():
 
 def test_data_parallel_fires_on_a_model_wrapped_in_it():
     cfg = make_cfg("model=mlp")
-    assert "data-parallel" in {f.id for f in advise(cfg, nn.DataParallel(build_on_meta(cfg)), CPU)}
+    assert "data-parallel" in {
+        f.id for f in advise_config(cfg, nn.DataParallel(build_on_meta(cfg)), CPU)
+    }
 
 
 def test_fit_warns_once_per_finding_and_writes_them_to_the_summary(tmp_path, caplog):

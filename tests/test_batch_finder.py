@@ -31,16 +31,22 @@ def auto_cfg(*overrides: str):
     return make_cfg("model=simple_cnn", "batch_size=auto", *overrides)
 
 
+def finder_nodes(cfg) -> tuple:
+    """What find_batch_size reads of the config: the finder's, the model's and the
+    optimizer's nodes."""
+    return cfg.batch_size_finder, cfg.model, cfg.optimizer
+
+
 def test_cpu_choice_is_the_largest_multiple_of_8_within_a_faked_budget():
     budget_gib = 0.01  # ~10 MiB: the faked memory limit
     cfg = auto_cfg(f"batch_size_finder.max_memory_gib={budget_gib}")
-    choice = find_batch_size(cfg, task_of(cfg), CPU, None, torch.contiguous_format)
+    choice = find_batch_size(*finder_nodes(cfg), task_of(cfg), CPU, None, torch.contiguous_format)
     n, budget = choice.batch_size, budget_gib * GIB
     assert n % 8 == 0 and 8 <= n < 256  # the budget, not the 256-sample dataset, bounds it
     assert choice.bound == "memory_budget" and choice.budget_bytes == int(budget)
 
     # A real step at the chosen size stays within the budget; 8 more would not, with the margin.
-    probe = _Probe(cfg, task_of(cfg), CPU, None, torch.contiguous_format)
+    probe = _Probe(cfg.model, cfg.optimizer, task_of(cfg), CPU, None, torch.contiguous_format)
     probe.steps(8, count=1)  # optimizer state in place, as in training
     held = sum(t.untyped_storage().nbytes() for t in probe.model.parameters())
     held += sum(t.untyped_storage().nbytes() for t in probe.model.buffers())
@@ -53,7 +59,9 @@ def test_cpu_choice_is_the_largest_multiple_of_8_within_a_faked_budget():
     )
     peak = held + max(measure_step_memory(probe, n))
     assert peak <= budget
-    model = measure_cpu_memory(cfg, task_of(cfg), None, torch.contiguous_format)
+    model = measure_cpu_memory(
+        cfg.model, cfg.optimizer, task_of(cfg), None, torch.contiguous_format
+    )
     assert model.peak(n) == pytest.approx(peak)  # the estimate is the measurement
     assert model.peak(n + 8) * (1 + cfg.batch_size_finder.margin) > budget
 
@@ -61,7 +69,7 @@ def test_cpu_choice_is_the_largest_multiple_of_8_within_a_faked_budget():
 def test_a_larger_budget_allows_a_larger_batch():
     sizes = [
         find_batch_size(
-            cfg := auto_cfg(f"batch_size_finder.max_memory_gib={gib}"),
+            *finder_nodes(cfg := auto_cfg(f"batch_size_finder.max_memory_gib={gib}")),
             task_of(cfg),
             CPU,
             None,
@@ -74,7 +82,9 @@ def test_a_larger_budget_allows_a_larger_batch():
 
 def test_the_dataset_caps_the_size_when_memory_is_plenty():
     cfg = auto_cfg()  # default budget: half the RAM available
-    choice = find_batch_size(cfg, task_of(cfg), CPU, None, torch.contiguous_format, num_samples=100)
+    choice = find_batch_size(
+        *finder_nodes(cfg), task_of(cfg), CPU, None, torch.contiguous_format, num_samples=100
+    )
     assert choice.batch_size == 96 and choice.bound == "dataset"
     assert choice.budget_bytes > 0.01 * GIB
 
@@ -82,7 +92,7 @@ def test_the_dataset_caps_the_size_when_memory_is_plenty():
 def test_a_budget_too_small_for_8_samples_is_a_clear_error():
     with pytest.raises(RuntimeError, match=r"batch_size=auto: 8 samples need about .* GiB"):
         cfg = auto_cfg("batch_size_finder.max_memory_gib=0.0001")
-        find_batch_size(cfg, task_of(cfg), CPU, None, torch.contiguous_format)
+        find_batch_size(*finder_nodes(cfg), task_of(cfg), CPU, None, torch.contiguous_format)
 
 
 def test_tensor_memory_counts_activations_until_they_are_freed():

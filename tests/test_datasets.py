@@ -30,9 +30,10 @@ from helpers import (
 from PIL import Image
 from torch import nn
 
+from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import UnreadableImage
-from gearshift.data.loading import build_data, build_loader
+from gearshift.data.loading import build_loader
 from gearshift.data.staging import stage, staged_path
 from train import fit
 
@@ -116,7 +117,7 @@ def test_split_is_per_class_seeded_and_disjoint(tmp_path):
 
     def split(seed: int):
         cfg = folder_cfg(tmp_path, "data.val_fraction=0.25", f"data.split_seed={seed}")
-        train, val = build_data(cfg, CPU)
+        train, val = data_batches(cfg, CPU)
         return train.dataset.samples, val.dataset.samples
 
     train, val = split(0)
@@ -131,7 +132,7 @@ def test_train_and_val_folders_are_used_as_given_with_the_training_labels(tmp_pa
     write_images(tmp_path / "train", per_class=4)
     write_images(tmp_path / "val", per_class=2)
     (tmp_path / "val" / "c0").rename(tmp_path / "val" / ".hidden")  # val lacks class c0
-    train, val = build_data(folder_cfg(tmp_path), CPU)
+    train, val = data_batches(folder_cfg(tmp_path), CPU)
     assert len(train.dataset) == 12  # nothing held out of train/
     assert train.dataset.classes == ["c0", "c1", "c2"]
     assert sorted(label for _, label in val.dataset.samples) == [1, 1, 2, 2]
@@ -143,17 +144,17 @@ def test_images_decode_to_their_pixels_at_the_training_size(tmp_path):
         (tmp_path / f"c{k}").mkdir()
         Image.new("RGB", (30, 20), colour).save(tmp_path / f"c{k}" / "a.png")
         Image.new("RGB", (20, 40), colour).save(tmp_path / f"c{k}" / "b.jpg", quality=95)
-    train, _ = build_data(folder_cfg(tmp_path, *plain(), "data.val_fraction=0"), CPU)
+    train, _ = data_batches(folder_cfg(tmp_path, *plain(), "data.val_fraction=0"), CPU)
     for (path, label), (image, target) in zip(train.dataset.samples, train.dataset, strict=True):
         assert image.shape == (3, 16, 16) and image.dtype == torch.float32, path
         expected = torch.tensor(COLOURS[label], dtype=torch.float32).view(3, 1, 1) / 255
         assert torch.allclose(image, expected.expand(3, 16, 16), atol=0.03), path
         assert target == label
 
-    gray, _ = build_data(folder_cfg(tmp_path, *plain(("data.channels=1",))), CPU)
+    gray, _ = data_batches(folder_cfg(tmp_path, *plain(("data.channels=1",))), CPU)
     assert gray.dataset[0][0].shape == (1, 16, 16)
 
-    normed, _ = build_data(
+    normed, _ = data_batches(
         folder_cfg(
             tmp_path,
             "data.batch_dtype=float32",
@@ -162,10 +163,10 @@ def test_images_decode_to_their_pixels_at_the_training_size(tmp_path):
         ),
         "cpu",
     )
-    raw, _ = build_data(folder_cfg(tmp_path, *plain()), CPU)
+    raw, _ = data_batches(folder_cfg(tmp_path, *plain()), CPU)
     assert torch.allclose(normed.dataset[0][0], (raw.dataset[0][0] - 0.5) / 0.25)
 
-    uint8, _ = build_data(folder_cfg(tmp_path), CPU)  # the default: bytes, normalised later
+    uint8, _ = data_batches(folder_cfg(tmp_path), CPU)  # the default: bytes, normalised later
     image = uint8.dataset[0][0]
     assert image.dtype == torch.uint8 and torch.equal(
         image, (raw.dataset[0][0] * 255).round().byte()
@@ -178,9 +179,9 @@ def test_check_images_decode_catches_damage_that_the_header_check_misses(tmp_pat
     damaged = tmp_path / "c2" / "damaged.png"
     damaged.write_bytes(whole[: len(whole) // 2])  # a valid header, half the pixels
     with pytest.raises(ConfigError, match=re.escape(f"{damaged}: image file is truncated")):
-        build_data(folder_cfg(tmp_path, "data.check_images=decode"), CPU)
+        data_batches(folder_cfg(tmp_path, "data.check_images=decode"), CPU)
 
-    train, _ = build_data(folder_cfg(tmp_path, "data.val_fraction=0"), CPU)  # header: passes
+    train, _ = data_batches(folder_cfg(tmp_path, "data.val_fraction=0"), CPU)  # header: passes
     index = [path for path, _ in train.dataset.samples].index(str(damaged))
     with pytest.raises(UnreadableImage, match=re.escape(f"cannot decode image {damaged}")):
         train.dataset[index]  # named when the loader reaches it
@@ -189,9 +190,9 @@ def test_check_images_decode_catches_damage_that_the_header_check_misses(tmp_pat
 def test_num_samples_takes_a_seeded_subset(tmp_path):
     write_images(tmp_path, per_class=8)
     cfg = folder_cfg(tmp_path, "data.num_samples=5", "data.num_val_samples=0")
-    train, val = build_data(cfg, CPU)
+    train, val = data_batches(cfg, CPU)
     assert len(train.dataset) == 5 and val is None
-    again, _ = build_data(cfg, CPU)
+    again, _ = data_batches(cfg, CPU)
     assert again.dataset.samples == train.dataset.samples
 
 
@@ -205,7 +206,7 @@ def test_augment_varies_training_images_only(tmp_path):
     cfg = folder_cfg(
         tmp_path, "data.augment=true", "data.val_fraction=0.25", "data.batch_dtype=float32"
     )  # augmented on the host; on the device: test_images_uint8.py
-    train, val = build_data(cfg, CPU)
+    train, val = data_batches(cfg, CPU)
     draws = torch.stack([train.dataset[0][0] for _ in range(32)])
     assert (draws != draws[0]).any(dim=(1, 2, 3)).sum() >= 8  # shifted and flipped
     left_brighter = draws[..., :8].mean(dim=(1, 2, 3)) > draws[..., 8:].mean(dim=(1, 2, 3))
@@ -218,10 +219,9 @@ def test_augment_varies_training_images_only(tmp_path):
 def test_worker_processes_load_the_same_batches(tmp_path):
     write_images(tmp_path, per_class=6)
     cfg = folder_cfg(tmp_path, "data.val_fraction=0.5")
-    _, val = build_data(cfg, CPU)
-    workers = build_loader(
-        val.dataset, folder_cfg(tmp_path, "dataloader.num_workers=2"), CPU, False, 0
-    )
+    _, val = data_batches(cfg, CPU)
+    cfg = folder_cfg(tmp_path, "dataloader.num_workers=2")
+    workers = build_loader(val.dataset, cfg.dataloader, cfg.batch_size, CPU, False, 0)
     assert workers.loader.num_workers == 2
     for (a, la), (b, lb) in zip(val, workers, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
@@ -298,13 +298,13 @@ def test_cifar10_images_keep_their_planes_and_labels(tmp_path):
     with open(folder / "data_batch_1", "rb") as f:
         labels = pickle.load(f)["labels"]
     for path in (tmp_path, folder):  # the parent folder or the batch folder itself
-        train, val = build_data(cifar_cfg(path, *plain(), "data.image_size=32"), CPU)
+        train, val = data_batches(cifar_cfg(path, *plain(), "data.image_size=32"), CPU)
         assert len(train.dataset) == 30 and len(val.dataset) == 6
         image, label = train.dataset[0]
         assert image.shape == (3, 32, 32) and image.dtype == torch.float32
         assert (image[0] == 1).all() and (image[1:] == 0).all()
         assert label.dtype == torch.int64 and int(label) == labels[0]
-    resized, _ = build_data(cifar_cfg(tmp_path, "data.image_size=16"), CPU)
+    resized, _ = data_batches(cifar_cfg(tmp_path, "data.image_size=16"), CPU)
     assert resized.dataset[0][0].shape == (3, 16, 16)
 
 
@@ -312,13 +312,13 @@ def test_cifar10_missing_or_damaged_files_are_named(tmp_path):
     folder = write_cifar(tmp_path)
     (folder / "data_batch_3").write_bytes(b"not a pickle")
     with pytest.raises(ConfigError, match=r"data_batch_3 is not a CIFAR-10 batch file"):
-        build_data(cifar_cfg(tmp_path), CPU)
+        data_batches(cifar_cfg(tmp_path), CPU)
     (folder / "test_batch").unlink()
     with pytest.raises(ConfigError, match=r"lacks test_batch"):
-        build_data(cifar_cfg(tmp_path), CPU)
+        data_batches(cifar_cfg(tmp_path), CPU)
     (tmp_path / "elsewhere").mkdir()
     with pytest.raises(ConfigError, match=r"holds no cifar-10-batches-py/"):
-        build_data(cifar_cfg(tmp_path / "elsewhere"), CPU)
+        data_batches(cifar_cfg(tmp_path / "elsewhere"), CPU)
 
 
 # -------------------------------------------------------------- staging (tip 1, docs/gears.md)
@@ -327,7 +327,7 @@ def test_cifar10_missing_or_damaged_files_are_named(tmp_path):
 def test_fit_reads_the_staged_copy(tmp_path):
     write_images(tmp_path / "images", per_class=4)
     cfg = folder_cfg(tmp_path / "images", f"data.stage_to={tmp_path / 'local'}", "max_steps=1")
-    train, _ = build_data(cfg, CPU)
+    train, _ = data_batches(cfg, CPU)
     staged = staged_path(tmp_path / "images", tmp_path / "local")
     assert staged.is_dir()
     assert all(Path(p).is_relative_to(staged) for p, _ in train.dataset.samples)
@@ -474,15 +474,15 @@ def test_data_problems_found_at_start_are_config_errors(tmp_path):
     write_images(tmp_path / "val", per_class=1, classes=4)  # c3 is not a training class
     message = f"{tmp_path / 'val'} has class folder(s) not in train/: c3; rename or remove them"
     with pytest.raises(ConfigError, match=re.escape(message)):
-        build_data(folder_cfg(tmp_path), CPU)
+        data_batches(folder_cfg(tmp_path), CPU)
     shutil.rmtree(tmp_path / "val")
     (tmp_path / "train" / "c3").mkdir()
     with pytest.raises(ConfigError, match="class folder\\(s\\) with no images: c3"):
-        build_data(folder_cfg(tmp_path, "data.num_classes=4"), CPU)
+        data_batches(folder_cfg(tmp_path, "data.num_classes=4"), CPU)
     (tmp_path / "train" / "c3").rmdir()
     message = "batch_size=16 is not allowed; with dataloader.drop_last=true it must be <= the 12"
     with pytest.raises(ConfigError, match=re.escape(message)):
-        build_data(folder_cfg(tmp_path, "batch_size=16", "dataloader.drop_last=true"), CPU)
+        data_batches(folder_cfg(tmp_path, "batch_size=16", "dataloader.drop_last=true"), CPU)
     message = "data.path='/no/cifar' is not allowed; no such folder; point it at the dataset's folder or set data.download=true"
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_config(cifar_cfg(Path("/no/cifar")))

@@ -122,7 +122,9 @@ def test_loader_workers_are_seeded_by_seed_rank_and_epoch():
     cpu = torch.device("cpu")
 
     def draws(epoch: int = 0, rank: int = 0, seed: int = 0) -> torch.Tensor:
-        batches = build_loader(Draws(), cfg, cpu, train=False, seed=seed, rank=rank)
+        batches = build_loader(
+            Draws(), cfg.dataloader, cfg.batch_size, cpu, train=False, seed=seed, rank=rank
+        )
         batches.set_epoch(epoch)
         return torch.cat([values for values, _ in batches])
 

@@ -21,9 +21,9 @@ from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU
 from test_images_uint8 import photo
 
+from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data import tar_index
-from gearshift.data.loading import build_data
 from gearshift.data.shards import INDEX
 from gearshift.data.tar_index import expand_braces
 
@@ -97,7 +97,7 @@ def test_the_header_index_finds_every_image_and_label_and_is_cached_outside(
     try:
         cfg = foreign_cfg(tmp_path / "wds", "data.decoder=pil")
         check_config(cfg)
-        train, val = build_data(cfg, CPU)
+        train, val = data_batches(cfg, CPU)
         samples = train.loader.dataset.samples
         assert val is None and len(samples) == 21 and len(samples.files) == 4
         assert samples.members == [m for m, _ in written]
@@ -116,10 +116,10 @@ def test_the_header_index_finds_every_image_and_label_and_is_cached_outside(
         scanned = []
         real = tar_index.scan_tar
         monkeypatch.setattr(tar_index, "scan_tar", lambda p, *a: scanned.append(p) or real(p, *a))
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
         assert scanned == []
         os.utime(tmp_path / "wds/000002.tar", ns=(1, 1))
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
         assert scanned == [tmp_path / "wds/000002.tar"]
     finally:
         os.chmod(tmp_path / "wds", 0o755)
@@ -214,7 +214,7 @@ def test_bad_shard_sets_of_other_tools_stop_at_start_with_one_line(tmp_path, pro
     cfg = foreign_cfg(path, *overrides)
     check_config(cfg)
     with pytest.raises(ConfigError) as error:
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
     assert expected in str(error.value) and "\n" not in str(error.value), str(error.value)
 
 
@@ -226,7 +226,7 @@ def test_a_damaged_member_of_another_tools_shard_is_named_by_shard_and_member(tm
     data = bytearray(tar.read_bytes())
     data[member.offset_data : member.offset_data + member.size] = b"\0" * member.size
     tar.write_bytes(bytes(data))
-    train, _ = build_data(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
+    train, _ = data_batches(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
     with pytest.raises(Exception) as error:
         train.loader.dataset[3]
     assert str(error.value) == (
@@ -282,7 +282,7 @@ def test_a_tar_cut_short_or_overwritten_stops_at_start_naming_the_member_and_byt
     cfg = foreign_cfg(tmp_path / "wds")
     check_config(cfg)
     with pytest.raises(ConfigError) as error:
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
     assert str(error.value) == (
         f"data.path='{tmp_path / 'wds'}' is not allowed; shard {tar} {ending}"
     ), str(error.value)
@@ -291,14 +291,14 @@ def test_a_tar_cut_short_or_overwritten_stops_at_start_naming_the_member_and_byt
 def test_a_cached_index_does_not_hide_a_tar_cut_short_since(tmp_path):
     write_foreign(tmp_path / "wds", "cls")
     cfg = foreign_cfg(tmp_path / "wds", "data.decoder=pil")
-    train, _ = build_data(cfg, CPU)
+    train, _ = data_batches(cfg, CPU)
     assert len(train.loader.dataset) == 21  # every tar indexed and cached
     tar = tmp_path / "wds/000001.tar"
     status = tar.stat()
     tar.write_bytes(tar.read_bytes()[: status.st_size // 2])  # a partial copy over it
     os.utime(tar, ns=(status.st_atime_ns, status.st_mtime_ns))  # with the old mtime kept
     with pytest.raises(ConfigError, match=rf"shard {tar} is truncated: it holds 10240 bytes"):
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
 
 
 @pytest.mark.parametrize("launcher", ["plain", "nproc_per_node"])
@@ -332,7 +332,7 @@ def write_named(folder: Path, splits: dict[str, int]) -> None:
 def test_a_folder_of_train_and_val_shards_splits_by_their_names(tmp_path, caplog):
     write_named(tmp_path / "wds", {"train": 20, "val": 5, "test": 10})
     with caplog.at_level(logging.INFO, logger="gearshift"):
-        train, val = build_data(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
+        train, val = data_batches(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
     train_files, val_files = train.loader.dataset.samples.files, val.loader.dataset.samples.files
     assert len(train.loader.dataset) == 20 and len(val.loader.dataset) == 5
     assert [Path(f).name for f in train_files] == [f"train-{n:06d}.tar" for n in range(4)]
@@ -354,16 +354,16 @@ def test_a_folder_of_train_and_val_shards_splits_by_their_names(tmp_path, caplog
 def test_unnamed_shards_all_train_and_data_val_path_names_the_validation_shards(tmp_path):
     write_foreign(tmp_path / "wds", "cls", samples=12)  # 000000.tar, 000001.tar
     write_named(tmp_path / "held", {"val": 10})
-    train, val = build_data(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
+    train, val = data_batches(foreign_cfg(tmp_path / "wds", "data.decoder=pil"), CPU)
     assert len(train.loader.dataset) == 12 and val is None  # as before: no validation
     val_path = f"{tmp_path}/held/val-{{000000..000001}}.tar"
     cfg = foreign_cfg(tmp_path / "wds", "data.decoder=pil", f"data.val_path='{val_path}'")
     check_config(cfg)
-    train, val = build_data(cfg, CPU)
+    train, val = data_batches(cfg, CPU)
     assert len(train.loader.dataset) == 12 and len(val.loader.dataset) == 10
     # a brace list for each split
     cfg = foreign_cfg(f"{tmp_path}/wds/{{000000..000000}}.tar", f"data.val_path='{val_path}'")
-    train, val = build_data(cfg, CPU)
+    train, val = data_batches(cfg, CPU)
     assert len(train.loader.dataset) == 6 and len(val.loader.dataset) == 10
 
 
@@ -411,5 +411,5 @@ def test_bad_split_layouts_stop_at_start_with_one_line(tmp_path, problem):
     cfg = foreign_cfg(folder, *overrides)
     check_config(cfg)
     with pytest.raises(ConfigError) as error:
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
     assert str(error.value) == expected

@@ -255,7 +255,7 @@ class PidLabels(torch.utils.data.Dataset):
 
 def test_dataloader_tuned_loads_in_worker_processes():
     cfg = make_cfg("dataloader=tuned", "dataloader.num_workers=2")
-    loader = build_loader(PidLabels(), cfg, CPU, train=True, seed=0)
+    loader = build_loader(PidLabels(), cfg.dataloader, cfg.batch_size, CPU, train=True, seed=0)
     pids = {int(pid) for _, labels in loader for pid in labels}
     assert os.getpid() not in pids and len(pids) >= 1
     assert loader.loader.num_workers == 2
@@ -282,7 +282,8 @@ def test_auto_workers_on_a_cpu_take_only_the_cores_compute_leaves_free(
 
 
 def test_dataloader_baseline_loads_in_this_process():
-    loader = build_loader(PidLabels(), make_cfg(), torch.device("cpu"), train=True, seed=0)
+    cfg = make_cfg()
+    loader = build_loader(PidLabels(), cfg.dataloader, cfg.batch_size, CPU, train=True, seed=0)
     assert {int(pid) for _, labels in loader for pid in labels} == {os.getpid()}
 
 

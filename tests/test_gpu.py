@@ -53,7 +53,9 @@ def test_channels_last_on_cuda(tmp_path):
 def test_tuned_loader_pins_host_batches_for_cuda():
     cfg = make_cfg("device=cuda", "dataloader=tuned")
     dataset = TensorPairs(torch.randn(64, 3, 8, 8), torch.zeros(64, dtype=torch.long))
-    images, _ = next(iter(build_loader(dataset, cfg, torch.device("cuda"), train=True, seed=0)))
+    images, _ = next(
+        iter(build_loader(dataset, cfg.dataloader, cfg.batch_size, torch.device("cuda"), True, 0))
+    )
     assert images.is_pinned()
 
 

@@ -18,6 +18,7 @@ from helpers import SyncCounter, make_cfg, seconds, stops_at_damaged_file
 from PIL import Image
 from test_checkpoint import assert_same_parameters, stop_and_resume
 
+from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import centre_square
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
@@ -30,7 +31,7 @@ from gearshift.data.gpu_decode import (
     file_kind,
     resize_crop,
 )
-from gearshift.data.loading import build_data, to_device
+from gearshift.data.loading import to_device
 from train import fit
 
 CPU = torch.device("cpu")
@@ -84,7 +85,7 @@ def model_inputs(
 
 def test_workers_hand_over_file_bytes_and_batches_keep_each_image_whole(tmp_path):
     write_jpegs(tmp_path, per_class=4)
-    train, val = build_data(jpeg_cfg(tmp_path, "gpu", "dataloader.num_workers=1"), CPU)
+    train, val = data_batches(jpeg_cfg(tmp_path, "gpu", "dataloader.num_workers=1"), CPU)
     assert isinstance(train.batches.dataset, JpegFiles)
     (encoded, path), label = train.batches.dataset[0]
     assert encoded.dtype == torch.uint8 and encoded.dim() == 1
@@ -101,7 +102,7 @@ def test_workers_hand_over_file_bytes_and_batches_keep_each_image_whole(tmp_path
     assert labels.tolist() == [label for _, label in samples]
 
     # a worker process gives the same batches as the main process
-    _, in_process = build_data(jpeg_cfg(tmp_path, "gpu"), CPU)
+    _, in_process = data_batches(jpeg_cfg(tmp_path, "gpu"), CPU)
     for (a, la), (b, lb) in zip(in_process, val, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
 
@@ -130,8 +131,8 @@ def test_device_decoding_gives_the_host_paths_batches(tmp_path, layout, normalis
     if not normalised:
         extra += ["data.mean=null", "data.std=null"]
     host_cfg, gpu_cfg = jpeg_cfg(tmp_path, "host", *extra), jpeg_cfg(tmp_path, "gpu", *extra)
-    _, host_val = build_data(host_cfg, CPU)
-    _, gpu_val = build_data(gpu_cfg, CPU)
+    _, host_val = data_batches(host_cfg, CPU)
+    _, gpu_val = data_batches(gpu_cfg, CPU)
     assert isinstance(gpu_val, DeviceDecodedBatches)
     for (h, _), (d, _) in zip(host_val, gpu_val, strict=True):  # what the copy moves
         assert h.dtype == d.dtype == torch.uint8 and h.shape == d.shape
@@ -155,7 +156,7 @@ def test_device_decoding_gives_the_host_paths_batches(tmp_path, layout, normalis
 def test_grayscale_decodes_to_one_channel(tmp_path):
     write_jpegs(tmp_path, per_class=2)
     cfg = jpeg_cfg(tmp_path, "gpu", "data.channels=1", "data.mean=[0.5]", "data.std=[0.5]")
-    _, val = build_data(cfg, CPU)
+    _, val = data_batches(cfg, CPU)
     images, _ = model_inputs(cfg, val)[0]
     assert images.shape == (3, 1, SIZE, SIZE)
     assert images.min() >= -1 and images.max() <= 1
@@ -165,8 +166,8 @@ def test_augment_crops_and_flips_training_batches_only(tmp_path):
     write_jpegs(tmp_path, per_class=8)
     cfg = jpeg_cfg(tmp_path, "gpu", "data.augment=true", "data.mean=null", "data.std=null")
     plain_cfg = jpeg_cfg(tmp_path, "gpu", "data.mean=null", "data.std=null")
-    train, val = build_data(cfg, CPU)
-    plain_train, plain_val = build_data(plain_cfg, CPU)
+    train, val = data_batches(cfg, CPU)
+    plain_train, plain_val = data_batches(plain_cfg, CPU)
     train.set_epoch(0), plain_train.set_epoch(0)
     augmented, _ = model_inputs(cfg, train, train=True)[0]
     plain, _ = model_inputs(plain_cfg, plain_train, train=True)[0]
@@ -182,7 +183,7 @@ def test_augment_crops_and_flips_training_batches_only(tmp_path):
 
 def test_starting_mid_epoch_yields_the_rest_of_that_epoch(tmp_path):
     write_jpegs(tmp_path, per_class=8)
-    train, _ = build_data(jpeg_cfg(tmp_path, "gpu", "data.val_fraction=0"), CPU)
+    train, _ = data_batches(jpeg_cfg(tmp_path, "gpu", "data.val_fraction=0"), CPU)
     train.set_epoch(1)
     whole = list(train)
     train.set_epoch(1, start=2 * 6)  # after two batches of 6
@@ -300,8 +301,8 @@ def test_a_non_jpeg_stops_the_run_at_start_naming_it(tmp_path):
         "decodes JPEGs only; convert it or use data.decode=host"
     )
     with pytest.raises(ConfigError, match=re.escape(message)):
-        build_data(jpeg_cfg(tmp_path, "gpu"), CPU)
-    build_data(jpeg_cfg(tmp_path, "host"), CPU)  # the host path reads PNGs
+        data_batches(jpeg_cfg(tmp_path, "gpu"), CPU)
+    data_batches(jpeg_cfg(tmp_path, "host"), CPU)  # the host path reads PNGs
 
 
 def test_a_damaged_jpeg_is_named_when_its_batch_decodes(tmp_path):
@@ -310,7 +311,7 @@ def test_a_damaged_jpeg_is_named_when_its_batch_decodes(tmp_path):
     damaged = tmp_path / "c2" / "damaged.jpg"
     damaged.write_bytes(whole[:200] + bytes(range(256)) * 2)  # a JPEG header, broken data
     cfg = jpeg_cfg(tmp_path, "gpu", "data.check_images=header", "data.val_fraction=0")
-    train, _ = build_data(cfg, CPU)  # the header and magic-bytes checks pass it
+    train, _ = data_batches(cfg, CPU)  # the header and magic-bytes checks pass it
     train.set_epoch(0)
     with pytest.raises(DamagedJpeg, match=re.escape(f"cannot decode image {damaged}: ")) as error:
         list(train)
@@ -350,8 +351,8 @@ def test_the_device_decodes_a_resized_jpeg_copy_of_any_source(tmp_path):
     staged = (f"data.stage_to={tmp_path / 'local'}", "data.stage_format=jpeg")
     gpu_cfg = jpeg_cfg(tmp_path / "images", "gpu", *staged)
     host_cfg = jpeg_cfg(tmp_path / "images", "host", *staged, "data.decoder=pil")
-    _, gpu_val = build_data(gpu_cfg, CPU)
-    _, host_val = build_data(host_cfg, CPU)
+    _, gpu_val = data_batches(gpu_cfg, CPU)
+    _, host_val = data_batches(host_cfg, CPU)
     files = [path for path, _ in gpu_val.dataset.samples]
     assert all(Path(f).is_relative_to(tmp_path / "local") and f.endswith(".jpg") for f in files)
     for (h, hl), (d, dl) in zip(
@@ -380,9 +381,9 @@ def test_cuda_decoding_gives_the_host_batches_within_tolerance(tmp_path, layout)
     host_cfg = jpeg_cfg(tmp_path, "host", *extra)
     cuda_cfg = jpeg_cfg(tmp_path, "gpu", *extra, "device=cuda")
     check_config(cuda_cfg)  # allowed where CUDA is
-    _, host_val = build_data(host_cfg, CPU)
-    _, cpu_val = build_data(jpeg_cfg(tmp_path, "gpu", *extra), CPU)
-    _, cuda_val = build_data(cuda_cfg, CUDA)
+    _, host_val = data_batches(host_cfg, CPU)
+    _, cpu_val = data_batches(jpeg_cfg(tmp_path, "gpu", *extra), CPU)
+    _, cuda_val = data_batches(cuda_cfg, CUDA)
     batches = zip(
         model_inputs(host_cfg, host_val),
         model_inputs(host_cfg, cpu_val),
@@ -404,7 +405,7 @@ def test_cuda_damaged_jpeg_is_named(tmp_path):
     write_jpegs(tmp_path, per_class=4)
     damaged = tmp_path / "c0" / "damaged.jpg"
     damaged.write_bytes((tmp_path / "c0" / "1.jpg").read_bytes()[:200] + bytes(range(256)) * 2)
-    train, _ = build_data(jpeg_cfg(tmp_path, "gpu", "device=cuda", "data.val_fraction=0"), CUDA)
+    train, _ = data_batches(jpeg_cfg(tmp_path, "gpu", "device=cuda", "data.val_fraction=0"), CUDA)
     with pytest.raises(DamagedJpeg, match=re.escape(f"cannot decode image {damaged}")):
         list(train)
 

@@ -8,6 +8,7 @@ import torch
 from helpers import SyncCounter, make_cfg, task_of
 
 from gearshift.batch_finder import find_batch_size
+from gearshift.build import planner
 from gearshift.data.loading import build_loader
 from gearshift.data.prefetch import CudaPrefetcher
 from gearshift.data.synthetic import TensorPairs
@@ -23,7 +24,7 @@ def host_loader(pin_memory: str):
     images = torch.randn(64, 3, 8, 8)
     labels = torch.arange(64)
     dataset = TensorPairs(images, labels)
-    return build_loader(dataset, cfg, CUDA, train=False, seed=0), images, labels
+    return build_loader(dataset, cfg.dataloader, 8, CUDA, train=False, seed=0), images, labels
 
 
 @pytest.mark.parametrize("pin_memory", ["true", "false"])
@@ -93,7 +94,10 @@ def test_batch_size_auto_on_cuda_is_a_multiple_of_8_within_the_memory_cap():
         f"batch_size_finder.max_memory_gib={cap_gib}",
     )
     before = torch.cuda.memory_allocated()
-    choice = find_batch_size(cfg, task_of(cfg), CUDA, None, torch.contiguous_format, 256)
+    nodes, task = (cfg.batch_size_finder, cfg.model, cfg.optimizer), task_of(cfg)
+    choice = find_batch_size(
+        *nodes, task, CUDA, None, torch.contiguous_format, 256, plan=planner(cfg, task)
+    )
     assert choice.batch_size % 8 == 0 and choice.batch_size >= 8
     assert choice.bound == "memory_budget"
     # the probe is gone, and its peak does not count as the run's

@@ -19,10 +19,9 @@ from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU
 from test_images_uint8 import photo
 
-from gearshift.build import build_parts
+from gearshift.build import build_parts, data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import ImageDecoder, centre_square
-from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.parallel.distributed import Ranks
 from train import fit
@@ -83,7 +82,7 @@ def hf_cfg(path, *overrides: str):
 def test_rows_become_the_decoded_images_and_labels_of_the_rows(tmp_path, kind):
     path = write_hf(tmp_path, kind)
     cfg = hf_cfg(path, "data.decoder=pil")  # uint8 batches: the decoded pixels as they are
-    train, val = build_data(cfg, CPU)
+    train, val = data_batches(cfg, CPU)
     assert len(val.loader.dataset) == 3
     decoder = ImageDecoder("pil", 3, 16)
     dataset = train.loader.dataset
@@ -129,7 +128,7 @@ def test_what_the_dataset_lacks_is_named_with_what_it_has(tmp_path, override, me
     cfg = hf_cfg(write_hf(tmp_path, "disk"), override)
     check_config(cfg)
     with pytest.raises(ConfigError) as error:
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
     assert str(error.value) == message
 
 
@@ -163,7 +162,7 @@ def test_a_dataset_in_the_local_cache_is_read_by_name_offline(tmp_path):
         (cached / file.name.replace("parquet-", "tiny-")).write_bytes(file.read_bytes())
     cfg = hf_cfg(tmp_path, "data.path=null", "data.name=me/tiny", "data.decoder=pil")
     check_config(cfg)
-    train, val = build_data(cfg, CPU)
+    train, val = data_batches(cfg, CPU)
     assert len(train.loader.dataset) == 21 and len(val.loader.dataset) == 3
     image, label = train.loader.dataset[4]
     expected = centre_square(ImageDecoder("pil", 3, 16).decode("x", jpeg(1, 1)), 16)
@@ -177,11 +176,11 @@ def test_where_to_read_from_is_checked_at_start(tmp_path):
         check_config(make_cfg("data=hf", f"data.path={tmp_path / 'nothing'}"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match="holds no save_to_disk dataset"):
-        build_data(hf_cfg(tmp_path / "empty"), CPU)
+        data_batches(hf_cfg(tmp_path / "empty"), CPU)
     cfg = hf_cfg(tmp_path, "data.path=null", "data.name=someone/not-cached")
     check_config(cfg)
     with pytest.raises(ConfigError) as error:  # offline: the cache or nothing
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
     assert str(error.value).startswith(
         "data.name='someone/not-cached' is not allowed; it is not in the local Hugging Face cache"
     ) and "\n" not in str(error.value)
@@ -258,13 +257,13 @@ def write_parquet_train(tmp_path, damaged_row: int | None = None):
 
 def test_an_image_that_does_not_decode_is_named_by_split_file_and_row(tmp_path):
     folder = write_parquet_train(tmp_path, damaged_row=15)
-    train, _ = build_data(hf_cfg(folder, "data.decoder=pil"), CPU)
+    train, _ = data_batches(hf_cfg(folder, "data.decoder=pil"), CPU)
     with pytest.raises(Exception) as error:
         train.loader.dataset[15]
     assert str(error.value).startswith(
         "cannot decode image row 15 of split 'train' (train-00001-of-00002.parquet, its row 3): "
     ), str(error.value)
-    subset = build_data(hf_cfg(folder, "data.decoder=pil", "data.num_samples=18"), CPU)[0]
+    subset = data_batches(hf_cfg(folder, "data.decoder=pil", "data.num_samples=18"), CPU)[0]
     kept = [i for i in range(18) if subset.loader.dataset.origin(i).startswith("row 15 ")]
     with pytest.raises(
         Exception, match=r"^cannot decode image row 15 of split 'train' \(train-00001"
@@ -275,7 +274,7 @@ def test_an_image_that_does_not_decode_is_named_by_split_file_and_row(tmp_path):
 def test_a_save_to_disk_row_that_does_not_decode_is_named_by_split_and_arrow_file(tmp_path):
     rows = image_rows(1, offset=7).map(lambda r, i: {"image": {"bytes": b"junk" * 8, "path": None}} if i == 1 else {}, with_indices=True)  # fmt: skip
     DatasetDict({"train": image_rows(7), "validation": rows}).save_to_disk(tmp_path / "disk")
-    _, val = build_data(hf_cfg(tmp_path / "disk", "data.decoder=pil"), CPU)
+    _, val = data_batches(hf_cfg(tmp_path / "disk", "data.decoder=pil"), CPU)
     with pytest.raises(Exception) as error:
         val.loader.dataset[1]
     assert str(error.value) == (
@@ -290,7 +289,7 @@ def test_a_truncated_parquet_file_is_named(tmp_path):
     second = folder / "train-00001-of-00002.parquet"
     second.write_bytes(second.read_bytes()[: second.stat().st_size // 2])
     with pytest.raises(ConfigError) as error:
-        build_data(hf_cfg(folder), CPU)
+        data_batches(hf_cfg(folder), CPU)
     assert str(error.value) == (
         f"data.path='{folder}' is not allowed; {second} is not a readable Parquet file "
         "(ArrowInvalid: Parquet magic bytes not found in footer. Either the file is corrupted "
@@ -335,7 +334,7 @@ def test_the_stream_reads_any_piece_from_any_row_on_without_the_rows_before(tmp_
 
     monkeypatch.setattr(module, "PIECE_ROWS", 8)
     monkeypatch.setattr(module, "READ_ROWS", 3)
-    images = build_data(hf_cfg(write_hf(tmp_path, "disk"), "data.decoder=pil"), CPU)[0]
+    images = data_batches(hf_cfg(write_hf(tmp_path, "disk"), "data.decoder=pil"), CPU)[0]
     images = images.loader.dataset
     stream = module.HFStream(images)
     assert stream.piece_lengths() == [8, 8, 5] and len(stream) == 21

@@ -18,6 +18,7 @@ from test_checkpoint import assert_same_parameters, stop_and_resume
 from test_datasets import CPU, folder_cfg, run_dir, write_cifar
 from torch import nn
 
+from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data import decode
 from gearshift.data.decode import (
@@ -29,7 +30,6 @@ from gearshift.data.decode import (
     time_decoders,
 )
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
-from gearshift.data.loading import build_data
 from gearshift.data.resized import RAW_FILE
 from gearshift.data.staging import staged_path
 from gearshift.state.checkpoint_folders import load_checkpoint
@@ -77,8 +77,8 @@ def test_uint8_batches_become_on_the_device_what_the_host_made(tmp_path, source)
             "data=cifar10", f"data.path={tmp_path}", "data.num_samples=null",
             "data.num_val_samples=null", "batch_size=8", "data.image_size=24", *NORMALISED, *o,
         )  # fmt: skip
-    host, host_val = build_data(cfg("data.batch_dtype=float32"), CPU)
-    device, device_val = build_data(cfg(), CPU)
+    host, host_val = data_batches(cfg("data.batch_dtype=float32"), CPU)
+    device, device_val = data_batches(cfg(), CPU)
     transforms = transforms_for(device.dataset, cfg())
     for (a, la), (b, lb) in zip([*host, *host_val], [*device, *device_val], strict=True):
         assert b.dtype == torch.uint8 and a.dtype == torch.float32
@@ -95,8 +95,8 @@ def test_device_augmentation_draws_what_the_host_draws(tmp_path):
         (tmp_path / f"c{k}").mkdir()
         Image.fromarray(pixels).save(tmp_path / f"c{k}" / "a.png")
     common = ("data.augment=true", "data.image_size=12", *NORMALISED, "data.val_fraction=0")
-    host, _ = build_data(folder_cfg(tmp_path, *common, "data.batch_dtype=float32"), CPU)
-    device, _ = build_data(folder_cfg(tmp_path, *common), CPU)
+    host, _ = data_batches(folder_cfg(tmp_path, *common, "data.batch_dtype=float32"), CPU)
+    device, _ = data_batches(folder_cfg(tmp_path, *common), CPU)
     draws = 1800
     host_draws = torch.stack([host.dataset[0][0] for _ in range(draws)])
     image = device.dataset[0][0]
@@ -212,8 +212,8 @@ def test_a_resized_copy_keeps_samples_and_pixels_and_follows_its_source(tmp_path
         f"data.stage_to={local}", f"data.stage_format={stage_format}", "data.decoder=pil",
         "data.val_fraction=0.4",
     )  # fmt: skip
-    plain_train, plain_val = build_data(folder_cfg(tmp_path / "images", *staged[2:]), CPU)
-    train, val = build_data(folder_cfg(tmp_path / "images", *staged), CPU)
+    plain_train, plain_val = data_batches(folder_cfg(tmp_path / "images", *staged[2:]), CPU)
+    train, val = data_batches(folder_cfg(tmp_path / "images", *staged), CPU)
     assert train.dataset.samples == plain_train.dataset.samples  # labels, split, order
     assert val.dataset.samples == plain_val.dataset.samples
     copies = [p for p in local.iterdir() if p.is_dir()]
@@ -230,13 +230,13 @@ def test_a_resized_copy_keeps_samples_and_pixels_and_follows_its_source(tmp_path
         assert (a.float() - b.float()).abs().mean() < (1 if stage_format == "raw" else 8)
     assert "staged" in train.dataset.gears
 
-    build_data(folder_cfg(tmp_path / "images", *staged), CPU)  # reused, not made again
+    data_batches(folder_cfg(tmp_path / "images", *staged), CPU)  # reused, not made again
     assert len([p for p in local.iterdir() if p.is_dir()]) == 1
-    build_data(folder_cfg(tmp_path / "images", *staged, "data.image_size=12"), CPU)  # new size
+    data_batches(folder_cfg(tmp_path / "images", *staged, "data.image_size=12"), CPU)  # new size
     first = tmp_path / "images" / "c0" / "0.jpg"
     Image.fromarray(photo(60, 80, seed=99)).save(first)  # the source changed
     os.utime(first, ns=(1, 1))
-    changed, _ = build_data(folder_cfg(tmp_path / "images", *staged, "data.val_fraction=0"), CPU)
+    changed, _ = data_batches(folder_cfg(tmp_path / "images", *staged, "data.val_fraction=0"), CPU)
     assert len([p for p in local.iterdir() if p.is_dir()]) == 3
     index = [p for p, _ in changed.dataset.samples].index(str(first))
     fresh = ImageDecoder("pil", 3, 16)(str(first)).float()
@@ -252,7 +252,7 @@ def test_a_damaged_file_stops_staging_named_and_leaves_no_copy(tmp_path):
         tmp_path / "images", f"data.stage_to={tmp_path / 'local'}", "data.stage_format=raw"
     )
     with pytest.raises(ConfigError, match=re.escape(f"{damaged}: image file is truncated")):
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
     target = staged_path(tmp_path / "images", tmp_path / "local")
     assert [p.name for p in (tmp_path / "local").iterdir()] != [target.name]
     assert not [p for p in (tmp_path / "local").iterdir() if p.is_dir()]  # nothing half-written

@@ -12,12 +12,12 @@ from helpers import CONF, make_cfg, task_of
 from torch import nn
 
 from gearshift.app import preflight
+from gearshift.build import advise_config
 from gearshift.data.tokens import entropy_rate, markov_chain
 from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.models.factory import build_model
-from gearshift.observe.findings import advise
 from gearshift.observe.mfu import MFU, analytic_flops_per_sample, count_flops_per_sample
 from train import fit
 
@@ -46,7 +46,7 @@ def lm_cfg(*overrides: str):
 
 
 def ids(cfg, model: nn.Module, device=CPU) -> set[str]:
-    return {f.id for f in advise(cfg, model, device)}
+    return {f.id for f in advise_config(cfg, model, device)}
 
 
 def gpt(**kwargs) -> GPT:
@@ -73,7 +73,9 @@ def test_the_gpt_presets_are_clean_on_a_gpu_and_here():
 )
 def test_a_vocabulary_or_hidden_size_off_64_is_found_on_a_gpu(kwargs, named):
     cfg = lm_cfg("data.vocab_size=100")
-    [finding] = [f for f in advise(cfg, gpt(**kwargs), CUDA) if f.id.startswith("transformer")]
+    [finding] = [
+        f for f in advise_config(cfg, gpt(**kwargs), CUDA) if f.id.startswith("transformer")
+    ]
     assert finding.id == "transformer-width-multiple-of-64" and named in finding.message
     assert "pad_vocab_to=64" in finding.fix
     assert "transformer-width-multiple-of-64" not in ids(cfg, gpt(vocab_size=100), CUDA)  # padded
@@ -119,7 +121,7 @@ def test_attention_by_hand_is_found_and_sdpa_is_not(device):
     assert finding in ids(cfg, TorchAttention(need_weights=True), device)
     assert finding not in ids(cfg, TorchAttention(need_weights=False), device)  # SDPA inside
     assert finding not in ids(cfg, gpt(), device)
-    [message] = [f.message for f in advise(cfg, HandAttention(), device) if f.id == finding]
+    [message] = [f.message for f in advise_config(cfg, HandAttention(), device) if f.id == finding]
     assert "1 softmax" in message and "0 through scaled_dot_product_attention" in message
 
 
@@ -128,7 +130,7 @@ def test_the_attention_probe_leaves_the_model_and_random_stream_alone():
     model = build_model(cfg.model, CPU, torch.contiguous_format)
     before = {n: t.clone() for n, t in model.state_dict().items()}
     state = torch.random.get_rng_state()
-    advise(cfg, model, CPU)
+    advise_config(cfg, model, CPU)
     assert torch.equal(torch.random.get_rng_state(), state)
     assert all(torch.equal(before[n], t) for n, t in model.state_dict().items())
 
@@ -268,10 +270,10 @@ def test_experiment_fast_composes_with_lm_and_its_advice_is_clean():
     assert not cfg.memory_format.channels_last  # lm comes last: no NHWC for a model without convs
     with torch.device("meta"):
         model = build_model(cfg.model, torch.device("meta"), torch.contiguous_format)
-    assert {f.id for f in advise(cfg, model, CUDA, torch.bfloat16)} == set()
+    assert {f.id for f in advise_config(cfg, model, CUDA, torch.bfloat16)} == set()
     # the other order keeps fast's channels_last, and the advisor says it does nothing here
     reverse = make_cfg("logger=none", "experiment=[lm,fast]", tiny=False)
-    assert "channels-last-without-conv" in {f.id for f in advise(reverse, model, CUDA, None)}
+    assert "channels-last-without-conv" in {f.id for f in advise_config(reverse, model, CUDA, None)}
 
 
 @pytest.mark.parametrize(

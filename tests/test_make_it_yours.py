@@ -40,8 +40,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from gearshift.build import check_validation
-from gearshift.data.loading import build_data
+from gearshift.build import check_validation, data_batches
 from gearshift.engine.optim import build_schedule
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
@@ -555,7 +554,7 @@ def test_a_torchmetrics_f1_is_scikit_learns_macro_f1_of_the_same_predictions(tmp
     cfg = make_cfg(*overrides)
     model = build_model(cfg.model, CPU, torch.contiguous_format)
     model.load_state_dict(weights)
-    _, val = build_data(cfg, CPU)  # the whole validation set (each rank validated its share)
+    _, val = data_batches(cfg, CPU)  # the whole validation set (each rank validated its share)
     with torch.no_grad():
         predicted = torch.cat([model.eval()(x).argmax(dim=1) for x, _ in val])
     targets = torch.cat([y for _, y in val])

@@ -19,9 +19,9 @@ from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU, run_dir
 from test_images_uint8 import write_photos
 
+from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import ImageDecoder
-from gearshift.data.loading import build_data
 from gearshift.data.shards import INDEX, ShardSamples, read_members
 from gearshift.state.checkpoint_folders import load_checkpoint
 
@@ -127,7 +127,7 @@ def test_shards_train_from_the_command_line(tmp_path):
 def test_every_sample_once_per_epoch_in_the_index_order(tmp_path):
     write_photos(tmp_path / "images", per_class=4)
     make_shards(tmp_path / "images", tmp_path / "shards", shard_mb=0.004, val_fraction=0)
-    train, _ = build_data(shards_cfg(tmp_path / "shards", "batch_size=5"), CPU)
+    train, _ = data_batches(shards_cfg(tmp_path / "shards", "batch_size=5"), CPU)
     labels = torch.cat([targets for _, targets in train])
     index = json.loads((tmp_path / "shards/train" / INDEX).read_text())
     assert sorted(labels.tolist()) == sorted(x for s in index["shards"] for x in s["labels"])
@@ -186,7 +186,7 @@ def test_bad_shard_folders_stop_at_start_with_one_line(tmp_path, problem):
     cfg = shards_cfg(tmp_path / "shards", f"data.num_classes={classes}")
     check_config(cfg)
     with pytest.raises(ConfigError) as error:
-        build_data(cfg, CPU)
+        data_batches(cfg, CPU)
     if expected is None:
         assert str(error.value) == (
             f"data.num_classes=5 is not allowed; the shards in {folder} have 3 classes "
@@ -232,7 +232,7 @@ def test_the_stream_reads_any_shard_from_any_member_on_in_file_order(tmp_path, m
     write_photos(tmp_path / "images", per_class=8)
     make_shards(tmp_path / "images", tmp_path / "shards", shard_mb=0.006, val_fraction=0)
     cfg = shards_cfg(tmp_path / "shards", "data.decoder=pil", "data.num_samples=17")
-    images = build_data(cfg, CPU)[0].loader.dataset  # a seeded subset of 17 of the 21
+    images = data_batches(cfg, CPU)[0].loader.dataset  # a seeded subset of 17 of the 21
     stream = module.ShardStream(images)
     lengths = stream.piece_lengths()
     assert sum(lengths) == 17 == len(stream) and len(lengths) == len(images.samples.files)

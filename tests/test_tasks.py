@@ -9,8 +9,8 @@ from helpers import make_cfg, record_logs, task_of
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import train
+from gearshift.build import data_batches
 from gearshift.config import ConfigError
-from gearshift.data.loading import build_data
 from gearshift.parallel.distributed import grad_sync
 from gearshift.tasks import Regression
 from train import fit
@@ -29,7 +29,7 @@ def test_regression_learns_its_targets_through_the_unchanged_loop(tmp_path):
     cfg = regression_cfg("max_steps=60", "optimizer=adamw", "optimizer.lr=0.003")
     task = task_of(cfg)
     assert isinstance(task, Regression) and task.monitor == "val_loss" and task.mode == "min"
-    _, val = build_data(cfg, CPU)
+    _, val = data_batches(cfg, CPU)
     targets = torch.cat([y for _, y in val])
     baseline = targets.var(dim=0, unbiased=False).mean().item()  # MSE of predicting the mean
 

@@ -18,10 +18,10 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from test_checkpoint import assert_same_parameters, stop_and_resume
 
+from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.config import token_files as token_files_module
 from gearshift.config.token_files import check_token_folder
-from gearshift.data.loading import build_data
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.data.tokens import token_files
 from gearshift.observe.console import print_summary
@@ -332,7 +332,7 @@ def test_two_ranks_take_disjoint_windows_that_cover_the_epoch(tmp_path):
     for epoch in (0, 1):
         shares = []
         for rank in (0, 1):
-            train, _ = build_data(cfg, CPU, rank=rank, world_size=2)
+            train, _ = data_batches(cfg, CPU, rank=rank, world_size=2)
             train.set_epoch(epoch)
             shares.append(_first_tokens(train))
         assert len(shares[0]) == len(shares[1]) == 32
@@ -343,8 +343,10 @@ def test_two_ranks_take_disjoint_windows_that_cover_the_epoch(tmp_path):
 
 def test_loader_workers_serve_the_same_batches(tmp_path):
     folder = _prepared(tmp_path, sentences=40)
-    plain, _ = build_data(tokens_cfg(folder, "dataloader.drop_last=true"), CPU)  # as tuned
-    workers, _ = build_data(tokens_cfg(folder, "dataloader=tuned", "dataloader.num_workers=2"), CPU)
+    plain, _ = data_batches(tokens_cfg(folder, "dataloader.drop_last=true"), CPU)  # as tuned
+    workers, _ = data_batches(
+        tokens_cfg(folder, "dataloader=tuned", "dataloader.num_workers=2"), CPU
+    )
     for batches in (plain, workers):
         batches.set_epoch(1, start=2 * 16)  # after two batches of 16
     for (a, b), (c, d) in zip(plain, workers, strict=True):

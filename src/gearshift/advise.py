@@ -18,10 +18,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from gearshift.app import default_config_dir, preflight
+from gearshift.build import advise_config
 from gearshift.engine.precision import resolve_amp_dtype
 from gearshift.engine.runtime import resolve_device
 from gearshift.models.factory import build_model
-from gearshift.observe.findings import Finding, advise
+from gearshift.observe.findings import Finding
 
 
 def target_device(cfg: DictConfig, choice: str | None) -> torch.device:
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         cfg = compose("config", overrides=args.overrides)
     device = target_device(cfg, args.device)
-    findings = advise(cfg, build_on_meta(cfg), device, amp_dtype_for(cfg, device))
+    findings = advise_config(cfg, build_on_meta(cfg), device, amp_dtype_for(cfg, device))
     print(format_findings(findings, cfg, device))
     return 0
 

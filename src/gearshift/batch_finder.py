@@ -19,7 +19,6 @@ the random number generators as it found them, and its memory is released before
 
 from __future__ import annotations
 
-import copy
 import gc
 import logging
 import os
@@ -28,16 +27,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from gearshift.config import ConfigError
+from gearshift.config.schema import BatchSizeFinderConfig
 from gearshift.data.loading import to_device
 from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
-from gearshift.observe.plan import make_plan
 from gearshift.parallel.distributed import gather_sum_max
 from gearshift.tasks import Task
 
@@ -104,23 +103,26 @@ def _bracket(fits: Callable[[int], bool], start: int, cap: int, step: int) -> tu
     return 0, bad, True
 
 
-def size_cap(cfg: DictConfig, num_samples: int | None) -> tuple[int, str]:
+def size_cap(finder: BatchSizeFinderConfig, num_samples: int | None) -> tuple[int, str]:
     """(largest size worth trying, why): the training set or max_batch_size, a multiple of 8."""
-    num_samples = num_samples or cfg.batch_size_finder.max_batch_size
+    num_samples = num_samples or finder.max_batch_size
     by_data = max(STEP, num_samples // STEP * STEP)
-    by_config = cfg.batch_size_finder.max_batch_size // STEP * STEP
+    by_config = finder.max_batch_size // STEP * STEP
     return (by_data, "dataset") if by_data <= by_config else (by_config, "max_batch_size")
 
 
 class _Probe:
-    """A copy of the model and its optimizers, run for real steps on the task's example
-    batches."""
+    """A copy of the model and its optimizers (built from the model and optimizer nodes),
+    run for real steps on the task's example batches."""
 
-    def __init__(self, cfg, task: Task, device, precision_dtype, memory_format) -> None:
+    def __init__(
+        self, model_cfg: DictConfig, optimizer_cfg: DictConfig, task: Task, device,
+        precision_dtype, memory_format,
+    ) -> None:  # fmt: skip
         self.device, self.memory_format, self.task = device, memory_format, task
-        self.model = build_model(cfg.model, device, memory_format)
+        self.model = build_model(model_cfg, device, memory_format)
         self.model.train()
-        self.optimizers = build_optimizers(self.model, cfg.optimizer)
+        self.optimizers = build_optimizers(self.model, optimizer_cfg)
         self.precision = Precision(precision_dtype, device)  # its own GradScaler
 
     def forward_backward(self, batch_size: int) -> None:
@@ -140,13 +142,18 @@ class _Probe:
             self.optimizer_step()
 
 
-def planned_start(cfg, task: Task, device: torch.device, budget: int | None) -> int | None:
-    """The largest batch the plan (observe/plan.py) fits in `budget` (else the device's
-    memory): the first real trial. None where the model cannot be planned."""
-    cfg = OmegaConf.merge(cfg, {"plan": {"device": "auto", "world_size": 1}})
+Plan = Callable[[int], int | None]  # bytes -> the largest batch the plan fits in them
+
+
+def planned_start(plan: Plan | None, device: torch.device, budget: int | None) -> int | None:
+    """The largest batch `plan` (observe/plan.py, as the builder asks it) fits in `budget`
+    (else the device's memory): the first real trial. None where the model cannot be
+    planned, or without a plan."""
+    if plan is None:
+        return None
     memory = budget or torch.cuda.get_device_properties(device).total_memory
     try:
-        start = make_plan(cfg, task, budget=memory).largest_batch_size
+        start = plan(memory)
     except ConfigError as error:
         log.info("batch_size=auto: no plan to start from (%s); doubling from %d", error, STEP)
         return None
@@ -154,10 +161,9 @@ def planned_start(cfg, task: Task, device: torch.device, budget: int | None) -> 
     return start or None
 
 
-def _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
-    finder = cfg.batch_size_finder
+def _find_cuda(finder, trainee, device, precision_dtype, memory_format, cap, bound, plan):
     budget = int(finder.max_memory_gib * GIB) if finder.max_memory_gib else None
-    probe = _Probe(cfg, task, device, precision_dtype, memory_format)
+    probe = _Probe(*trainee, device, precision_dtype, memory_format)
 
     def fits(n: int) -> bool:
         torch.cuda.reset_peak_memory_stats(device)
@@ -173,7 +179,7 @@ def _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound) ->
         log.debug("batch_size=auto: %d %s", n, "fits" if ok else "does not fit")
         return ok
 
-    largest = largest_fitting(fits, cap, start=planned_start(cfg, task, device, budget))
+    largest = largest_fitting(fits, cap, start=planned_start(plan, device, budget))
     probe = None  # frees the probe's model and optimizer state
     gc.collect()
     torch.cuda.empty_cache()
@@ -273,10 +279,12 @@ def measure_step_memory(probe: _Probe, n: int) -> tuple[float, float]:
 
 
 def measure_cpu_memory(
-    cfg, task: Task, precision_dtype, memory_format, sizes=(4, 8)
-) -> MemoryModel:
+    model_cfg: DictConfig, optimizer_cfg: DictConfig, task: Task, precision_dtype,
+    memory_format, sizes=(4, 8),
+) -> MemoryModel:  # fmt: skip
     """The memory model of training on the CPU, from one real step at each of two sizes."""
-    probe = _Probe(cfg, task, torch.device("cpu"), precision_dtype, memory_format)
+    cpu = torch.device("cpu")
+    probe = _Probe(model_cfg, optimizer_cfg, task, cpu, precision_dtype, memory_format)
     probe.steps(sizes[0], count=1)  # allocates the optimizer state
     state = probe.optimizers.state_tensors()
     held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
@@ -289,24 +297,27 @@ def measure_cpu_memory(
     return MemoryModel(held, line(fb0, fb1), line(step0, step1))
 
 
-def tracked_step_peak(cfg, task: Task, precision_dtype, memory_format) -> int:
-    """Peak tensor bytes of a real CPU training step at cfg.batch_size, the optimizer state
+def tracked_step_peak(
+    model_cfg: DictConfig, optimizer_cfg: DictConfig, batch_size: int, task: Task,
+    precision_dtype, memory_format,
+) -> int:  # fmt: skip
+    """Peak tensor bytes of a real CPU training step at `batch_size`, the optimizer state
     in place: what plan.check holds the plan against (observe/plan.py PlanCheck)."""
     with torch.random.fork_rng(devices=[]):
-        probe = _Probe(cfg, task, torch.device("cpu"), precision_dtype, memory_format)
-        probe.steps(cfg.batch_size, count=1)  # allocates the optimizer state
+        cpu = torch.device("cpu")
+        probe = _Probe(model_cfg, optimizer_cfg, task, cpu, precision_dtype, memory_format)
+        probe.steps(batch_size, count=1)  # allocates the optimizer state
         state = probe.optimizers.state_tensors()
         held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
-        return int(held + max(measure_step_memory(probe, cfg.batch_size)))
+        return int(held + max(measure_step_memory(probe, batch_size)))
 
 
-def _find_cpu(cfg, task, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
-    finder = cfg.batch_size_finder
+def _find_cpu(finder, trainee, precision_dtype, memory_format, cap, bound) -> BatchSizeChoice:
     if finder.max_memory_gib:
         budget = int(finder.max_memory_gib * GIB)
     else:
         budget = int(finder.memory_fraction * available_memory())
-    memory = measure_cpu_memory(cfg, task, precision_dtype, memory_format)
+    memory = measure_cpu_memory(*trainee, precision_dtype, memory_format)
 
     def fits(n: int) -> bool:
         return memory.peak(n) * (1 + finder.margin) <= budget
@@ -324,20 +335,28 @@ def _find_cpu(cfg, task, precision_dtype, memory_format, cap, bound) -> BatchSiz
 
 
 def find_batch_size(
-    cfg: DictConfig,
+    finder: BatchSizeFinderConfig,
+    model_cfg: DictConfig,
+    optimizer_cfg: DictConfig,
     task: Task,
     device: torch.device,
     precision_dtype: torch.dtype | None,
     memory_format: torch.memory_format,
     num_samples: int | None = None,
+    plan: Plan | None = None,
 ) -> BatchSizeChoice:
-    """The size to train with; `num_samples` (the training set's size) caps it."""
-    cap, bound = size_cap(cfg, num_samples)
+    """The size to train `model_cfg`'s model with `optimizer_cfg`'s optimizers on `task`,
+    as the `batch_size_finder` node says; `num_samples` (the training set's size) caps it.
+    `plan` (CUDA): where the search starts (None: doubling from 8)."""
+    cap, bound = size_cap(finder, num_samples)
+    trainee = (model_cfg, optimizer_cfg, task)
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # the run's seeds are not disturbed
         if device.type == "cuda":
-            return _find_cuda(cfg, task, device, precision_dtype, memory_format, cap, bound)
-        return _find_cpu(cfg, task, precision_dtype, memory_format, cap, bound)
+            return _find_cuda(
+                finder, trainee, device, precision_dtype, memory_format, cap, bound, plan
+            )
+        return _find_cpu(finder, trainee, precision_dtype, memory_format, cap, bound)
 
 
 def agree_across_ranks(batch_size: int, device: torch.device) -> int:
@@ -347,25 +366,30 @@ def agree_across_ranks(batch_size: int, device: torch.device) -> int:
 
 
 def resolve_batch_size(
-    cfg: DictConfig,
+    finder: BatchSizeFinderConfig,
+    model_cfg: DictConfig,
+    optimizer_cfg: DictConfig,
     task: Task,
     device: torch.device,
     precision_dtype: torch.dtype | None,
     memory_format: torch.memory_format,
     num_samples: int | None,
     resumed: int | str | None = None,
-) -> tuple[DictConfig, BatchSizeChoice | None]:
-    """`cfg` with batch_size=auto replaced by the size found (a copy), and the choice.
+    plan: Plan | None = None,
+) -> BatchSizeChoice:
+    """batch_size=auto's choice: the size found (find_batch_size), the smallest over the
+    ranks.
 
     A resumed run keeps its checkpoint's size (`resumed`): its position in the epoch counts
     batches.
     """
-    if cfg.batch_size != "auto":
-        return cfg, None
     if isinstance(resumed, int):
         choice = BatchSizeChoice(resumed, "resumed_checkpoint")
     else:
-        choice = find_batch_size(cfg, task, device, precision_dtype, memory_format, num_samples)
+        choice = find_batch_size(
+            finder, model_cfg, optimizer_cfg, task, device, precision_dtype, memory_format,
+            num_samples, plan,
+        )  # fmt: skip
         agreed = agree_across_ranks(choice.batch_size, device)
         if agreed < choice.batch_size:
             choice = replace(choice, batch_size=agreed, bound="another_rank")
@@ -375,6 +399,4 @@ def resolve_batch_size(
         choice.bound,
         f", budget {choice.budget_bytes / GIB:.2f} GiB" if choice.budget_bytes else "",
     )
-    resolved = copy.deepcopy(cfg)
-    resolved.batch_size = choice.batch_size
-    return resolved, choice
+    return choice

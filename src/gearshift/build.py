@@ -11,6 +11,7 @@ the run's `gears` (summary.json) is the collection of those decisions with their
 from __future__ import annotations
 
 import contextlib
+import copy
 import gc
 import logging
 import math
@@ -42,7 +43,7 @@ from gearshift.engine.runtime import (
 )
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model, compile_model, resolve_compile
-from gearshift.observe.findings import Finding, advise, log_findings
+from gearshift.observe.findings import Finding, Nodes, advise, log_findings
 from gearshift.observe.loss_watch import LossWatch, nonfinite_message
 from gearshift.observe.mfu import MFU
 from gearshift.observe.throughput import PerfMeter
@@ -312,10 +313,12 @@ def build_parts(
         from gearshift.batch_finder import resolve_batch_size
 
         resumed_size = saved.config.get("batch_size") if saved else None
-        cfg, batch_choice = resolve_batch_size(
-            cfg, task, device, precision.dtype, memory_format, stream_length(train_set),
-            resumed_size,
+        batch_choice = resolve_batch_size(
+            cfg.batch_size_finder, cfg.model, cfg.optimizer, task, device, precision.dtype,
+            memory_format, stream_length(train_set), resumed_size, planner(cfg, task),
         )  # fmt: skip
+        cfg = copy.deepcopy(cfg)  # the run's config: the composed one stays as composed
+        cfg.batch_size = batch_choice.batch_size
     # From here on `cfg` is the run's config: its batch size is a number.
     train, val, data_gears = build_data(cfg, train_set, val_set, device, ranks, memory_format)
     transforms = DeviceTransforms(  # after the source's own (uint8 batches)
@@ -350,6 +353,19 @@ def build_parts(
         cfg, device, ranks, precision, memory_format, task, read, train, val, transforms, model, ema,
         batch_choice, gears,
     )  # fmt: skip
+
+
+def planner(cfg: DictConfig, task: Task) -> Callable[[int], int | None]:
+    """batch_size=auto's first trial on CUDA: the largest batch the plan of `cfg` on one
+    device (observe/plan.py) fits in a number of bytes."""
+
+    def largest(memory: int) -> int | None:
+        from gearshift.observe.plan import make_plan
+
+        single = OmegaConf.merge(cfg, {"plan": {"device": "auto", "world_size": 1}})
+        return make_plan(single, task, budget=memory).largest_batch_size
+
+    return largest
 
 
 def check_validation(
@@ -412,13 +428,14 @@ def build_data(
     dl, on_device = cfg.dataloader, bool(cfg.data.get("on_device"))
     settings = loader_settings(dl, device, on_device)
     train, val = build_batches(
-        cfg, train_set, val_set, on_device, device, ranks.rank, ranks.world_size, settings
-    )
+        cfg.data, dl, train_set, val_set, device, cfg.batch_size, cfg.seed, cfg.max_steps,
+        memory_format, ranks.rank, ranks.world_size, settings,
+    )  # fmt: skip
     prefetch = False
     if device.type == "cuda":  # the prefetcher acts on CUDA only
         from gearshift.data.prefetch import CudaPrefetcher, prefetch_active
 
-        prefetch = prefetch_active(cfg, device)
+        prefetch = prefetch_active(dl, on_device, device)
     if prefetch:  # tip 7: the next batch's copy on a side stream
         train = CudaPrefetcher(train, device, memory_format)
         val = None if val is None else CudaPrefetcher(val, device, memory_format)
@@ -432,6 +449,19 @@ def build_data(
         "prefetch_to_device": prefetch,
     }
     return train, val, gears
+
+
+def data_batches(
+    cfg: DictConfig, device: torch.device, rank: int = 0, world_size: int = 1
+) -> tuple[Any, Any | None]:
+    """The source's datasets served as this rank's batches, for a fixed `cfg.batch_size`:
+    the data of a run without the run (tests, scripts/bench.py)."""
+    train_set, val_set = build_datasets(cfg.data, device)
+    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    return build_batches(
+        cfg.data, cfg.dataloader, train_set, val_set, device, cfg.batch_size, cfg.seed,
+        cfg.max_steps, layout, rank, world_size,
+    )  # fmt: skip
 
 
 @dataclass
@@ -532,8 +562,10 @@ def build_run(
     if sampling is not None:
         from gearshift.observe.samples import build_sampler
 
-        sampler = build_sampler(cfg, sampling, model)  # a bad prompt too
-    advice = advise(cfg, model, device, parts.precision.dtype)  # layer widths, batch, ...
+        sampler = build_sampler(  # a bad prompt too
+            sampling, cfg.data, model, cfg.val_every_n_steps, cfg.seed
+        )
+    advice = advise_config(cfg, model, device, parts.precision.dtype)  # widths, batch, ...
     plan = check_plan(parts, ranks) if cfg.plan.check else None  # before the run allocates
     if ranks.is_zero:
         log_findings(advice)
@@ -584,6 +616,26 @@ def build_run(
     )  # fmt: skip
 
 
+def advise_config(
+    cfg: DictConfig, model: nn.Module, device: torch.device,
+    amp_dtype: torch.dtype | str | None = "resolve",
+) -> list[Finding]:  # fmt: skip
+    """The advisor's findings (observe/findings.py) for `cfg`'s nodes, `model` and `device`
+    (amp_dtype: autocast's, if known; "resolve": amp.dtype's on `device`)."""
+    nodes = Nodes(
+        batch_size=cfg.batch_size,
+        cudnn_benchmark=cfg.cudnn_benchmark,
+        amp=cfg.amp.dtype,
+        data=cfg.data,
+        dataloader=cfg.dataloader,
+        memory_format=cfg.memory_format,
+        compile=cfg.compile,
+        strategy=OmegaConf.select(cfg, "distributed.strategy"),
+        task=cfg.task if "task" in cfg else None,
+    )
+    return advise(nodes, model, device, amp_dtype)
+
+
 def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
     """plan.check=true: this run's plan (its device, its ranks) and, on a CPU, the tensor
     bytes of a tracked real step to hold it against (CUDA: the run's own peak, at the end)."""
@@ -596,7 +648,10 @@ def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
         log_plan(plan)
     measured = None
     if parts.device.type == "cpu":
-        measured = tracked_step_peak(cfg, parts.task, parts.precision.dtype, parts.memory_format)
+        measured = tracked_step_peak(
+            cfg.model, cfg.optimizer, cfg.batch_size, parts.task, parts.precision.dtype,
+            parts.memory_format,
+        )  # fmt: skip
     return PlanCheck(plan, measured)
 
 

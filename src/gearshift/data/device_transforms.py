@@ -29,10 +29,11 @@ _BATCH_SEED_STRIDE = 1_000_003  # a prime: (seed, batch) pairs map to distinct s
 class Stage:
     """One set of transforms: normalize, hflip, crop_padding (the group's field names)."""
 
-    def __init__(self, cfg: Any, device: torch.device) -> None:
-        self.normalize, self.hflip, self.padding = cfg.normalize, cfg.hflip, cfg.crop_padding
-        self.mean = torch.tensor(list(cfg.mean), device=device).view(1, -1, 1, 1)
-        self.std = torch.tensor(list(cfg.std), device=device).view(1, -1, 1, 1)
+    def __init__(self, fields: Any, device: torch.device) -> None:
+        self.normalize, self.hflip = fields.normalize, fields.hflip
+        self.padding = fields.crop_padding
+        self.mean = torch.tensor(list(fields.mean), device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(list(fields.std), device=device).view(1, -1, 1, 1)
         self.byte_scale, self.byte_shift = 1 / (255 * self.std), self.mean / self.std
 
     @property

@@ -237,17 +237,21 @@ def loader_settings(dl: DataLoaderConfig, device: torch.device, on_device: bool)
 
 def build_loader(
     dataset: Dataset,
-    cfg: DictConfig,
+    dataloader: DataLoaderConfig,
+    batch_size: int,
     device: torch.device,
     train: bool,
     seed: int,
     rank: int = 0,
     world_size: int = 1,
     settings: LoaderSettings | None = None,
+    decode: str | None = "host",
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> LoaderBatches | DeviceDecodedBatches:
     """A DataLoader with the `dataloader` group's gears applied (`settings`: as resolved
-    for the run; by default resolved here)."""
-    dl = cfg.dataloader
+    for the run; by default resolved here). `decode`: `data.decode` (gpu: JPEG bytes,
+    decoded on the device into `memory_format`)."""
+    dl = dataloader
     settings = settings or loader_settings(dl, device, on_device=False)
     workers = settings.num_workers
     worker_options = {}
@@ -267,11 +271,11 @@ def build_loader(
 
         drop_last = dl.drop_last
         return build_stream_batches(
-            dataset, options, cfg.batch_size, train, seed, rank, world_size, drop_last
+            dataset, options, batch_size, train, seed, rank, world_size, drop_last
         )
     loader = DataLoader(
         dataset,
-        batch_size=cfg.batch_size,
+        batch_size=batch_size,
         sampler=EpochSampler(
             len(dataset), train, seed, rank, world_size
         ),  # shards like DistributedSampler
@@ -283,49 +287,57 @@ def build_loader(
         **worker_options,
     )
     batches = LoaderBatches(loader, seed, rank)
-    if OmegaConf.select(cfg, "data.decode") != "gpu":
+    if decode != "gpu":
         return batches
     # data.decode=gpu: the loader yields JPEG bytes, decoded here on the device
     from gearshift.data.gpu_decode import decoded_on_device
 
-    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
-    return decoded_on_device(batches, dataset, device, layout, dl.non_blocking)
+    return decoded_on_device(batches, dataset, device, memory_format, dl.non_blocking)
 
 
 def build_batches(
-    cfg: DictConfig,
+    data: DictConfig,
+    dataloader: DataLoaderConfig,
     train_set: Dataset,
     val_set: Dataset | None,
-    on_device: bool,
     device: torch.device,
+    batch_size: int,
+    seed: int,
+    max_steps: int | None = None,
+    memory_format: torch.memory_format = torch.contiguous_format,
     rank: int = 0,
     world_size: int = 1,
     settings: LoaderSettings | None = None,
 ) -> tuple[Any, Any | None]:
     """(train batches, validation batches or None) of this rank: iterables of
     (inputs, targets) with `set_epoch(epoch, start)` (the epoch's first sample to serve, over
-    all ranks) and `len()` (this rank's batches from there to the epoch's end)."""
+    all ranks) and `len()` (this rank's batches from there to the epoch's end). `data`: the
+    data node (`on_device`, `decode`); `max_steps` ends a stream of unknown length."""
     shard = {"rank": rank, "world_size": world_size}
-    if on_device:  # the source made its tensors on the device: slice them there
-        drop_last = cfg.dataloader.drop_last
-        train = DeviceBatches(
-            *_tensors(train_set), cfg.batch_size, True, drop_last, cfg.seed, **shard
-        )
+    if data.get("on_device"):  # the source made its tensors on the device: slice them there
+        drop_last = dataloader.drop_last
+        train = DeviceBatches(*_tensors(train_set), batch_size, True, drop_last, seed, **shard)
         val = None
         if val_set is not None:
-            val = DeviceBatches(*_tensors(val_set), cfg.batch_size, False, False, cfg.seed, **shard)
+            val = DeviceBatches(*_tensors(val_set), batch_size, False, False, seed, **shard)
     else:
         if isinstance(train_set, IterableDataset):
             from gearshift.data.streams import check_length
 
-            check_length(train_set, cfg.max_steps)  # unknown length: max_steps ends the run
-        train = build_loader(train_set, cfg, device, True, cfg.seed, **shard, settings=settings)
+            check_length(train_set, max_steps)  # unknown length: max_steps ends the run
+        serve = {
+            "settings": settings,
+            "decode": OmegaConf.select(data, "decode"),
+            "memory_format": memory_format,
+            **shard,
+        }
+        train = build_loader(train_set, dataloader, batch_size, device, True, seed, **serve)
         val = None
         if val_set is not None:
-            val = build_loader(val_set, cfg, device, False, cfg.seed, **shard, settings=settings)
+            val = build_loader(val_set, dataloader, batch_size, device, False, seed, **serve)
     if len(train) == 0:  # drop_last with fewer samples than one batch
         raise ConfigError(
-            f"batch_size={cfg.batch_size} is not allowed; with dataloader.drop_last=true it "
+            f"batch_size={batch_size} is not allowed; with dataloader.drop_last=true it "
             f"must be <= the {len(train_set)} training samples"
         )
     return train, val
@@ -360,17 +372,6 @@ def to_device(
 
 def _map(fn, x: Any) -> Any:
     return fn(x) if isinstance(x, torch.Tensor) else tree_map(fn, x)  # the common case first
-
-
-def build_data(
-    cfg: DictConfig, device: torch.device, rank: int = 0, world_size: int = 1
-) -> tuple[Any, Any | None]:
-    """The source's datasets served as this rank's batches, for a fixed `cfg.batch_size`."""
-    from gearshift.data.sources import build_datasets  # sources -> staging, not the reverse
-
-    train_set, val_set = build_datasets(cfg.data, device)
-    on_device = bool(cfg.data.get("on_device"))
-    return build_batches(cfg, train_set, val_set, on_device, device, rank, world_size)
 
 
 def stream_position(batches: Any) -> Any | None:

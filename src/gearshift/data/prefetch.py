@@ -16,19 +16,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-from omegaconf import DictConfig
 from torch.utils._pytree import tree_leaves
 
+from gearshift.config.schema import DataLoaderConfig
 from gearshift.data.loading import Batch, to_device
 
 
-def prefetch_active(cfg: DictConfig, device: torch.device) -> bool:
-    """Whether the prefetcher acts: asked for, on CUDA, with batches that come from the host."""
-    return bool(
-        cfg.dataloader.prefetch_to_device
-        and device.type == "cuda"
-        and not cfg.data.get("on_device")
-    )
+def prefetch_active(dataloader: DataLoaderConfig, on_device: bool, device: torch.device) -> bool:
+    """Whether the prefetcher acts: asked for, on CUDA, with batches that come from the host
+    (`on_device`: data.on_device)."""
+    return bool(dataloader.prefetch_to_device and device.type == "cuda" and not on_device)
 
 
 def batch_tensors(batch: Batch) -> list[torch.Tensor]:

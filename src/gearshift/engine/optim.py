@@ -25,34 +25,34 @@ from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES
 
 def build_optimizers(
     model: nn.Module,
-    cfg: DictConfig,
+    optimizer_cfg: DictConfig,
     total_steps: int | None = None,
     fsdp: bool = False,
     scheduler: DictConfig | None = None,
 ) -> Optimizers:
-    """The optimizers the optimizer node `cfg` names over `model`'s parameters, each with
-    the lr schedule of a run of `total_steps` (None: no schedules, for probes that take a
+    """The optimizers the optimizer node `optimizer_cfg` names over `model`'s parameters,
+    each with the lr schedule of a run of `total_steps` (None: no schedules, for probes that take a
     step or two): the scheduler node's class, or (None, or its _target_ null) the built-in."""
-    if OptimizerConfig.is_muon(cfg):
-        optimizers = build_muon(model, cfg)
+    if OptimizerConfig.is_muon(optimizer_cfg):
+        optimizers = build_muon(model, optimizer_cfg)
     else:
-        optimizers = [one_optimizer(model, cfg)]
+        optimizers = [one_optimizer(model, optimizer_cfg)]
     schedules = None
     if total_steps is not None:
-        schedules = [build_schedule(o, cfg, scheduler, total_steps) for o in optimizers]
+        schedules = [build_schedule(o, optimizer_cfg, scheduler, total_steps) for o in optimizers]
     return Optimizers(model, optimizers, schedules, fsdp)
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, cfg: DictConfig, scheduler: DictConfig | None,
+    optimizer: torch.optim.Optimizer, optimizer_cfg: DictConfig, scheduler: DictConfig | None,
     total_steps: int,
 ) -> Schedule:  # fmt: skip
     """`optimizer`'s lr schedule: the scheduler node's class after the warm-up of
     optimizer.lr_warmup_steps, or the built-in's factor (warm-up included)."""
     target = None if scheduler is None else scheduler.get("_target_")
     if target is None:
-        return Builtin(optimizer, schedule_factor(cfg, total_steps))
-    warmup = cfg.lr_warmup_steps
+        return Builtin(optimizer, schedule_factor(optimizer_cfg, total_steps))
+    warmup = optimizer_cfg.lr_warmup_steps
     keywords = plain({k: v for k, v in scheduler.items() if k != "_target_"})
     if "total_steps" not in keywords and accepts(
         locate("scheduler._target_", target), "total_steps", by_name=True
@@ -129,19 +129,20 @@ class Warmup:
 Schedule = LRScheduler | Builtin | Warmup
 
 
-def optimizer_label(cfg: DictConfig) -> str:
+def optimizer_label(optimizer_cfg: DictConfig) -> str:
     """gears.optimizer: the preset's name (sgd, adamw, muon) while its class is built, else
     the class named in its place."""
-    target = OptimizerConfig.target(cfg)
-    return cfg.name if cfg.get("name") and PRESET_CLASSES.get(cfg.name) == target else target
+    target = OptimizerConfig.target(optimizer_cfg)
+    name = optimizer_cfg.get("name")
+    return name if name and PRESET_CLASSES.get(name) == target else target
 
 
-def one_optimizer(model: nn.Module, cfg: DictConfig) -> torch.optim.Optimizer:
+def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Optimizer:
     """The class `optimizer._target_` names, built as `cls(parameter groups, **keywords)`:
     the node's keys but the loop's (OptimizerConfig.keywords)."""
-    keywords = plain(OptimizerConfig.keywords(cfg))
-    params = parameter_groups(model, keywords.get("weight_decay"), cfg.weight_decay_1d)
-    return build("optimizer", OptimizerConfig.target(cfg), params, keywords)
+    keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
+    params = parameter_groups(model, keywords.get("weight_decay"), optimizer_cfg.weight_decay_1d)
+    return build("optimizer", OptimizerConfig.target(optimizer_cfg), params, keywords)
 
 
 def plain(keywords: dict[str, Any]) -> dict[str, Any]:
@@ -201,14 +202,15 @@ def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -
     return total
 
 
-def schedule_factor(cfg: DictConfig, total_steps: int) -> Callable[[int], float]:
+def schedule_factor(optimizer_cfg: DictConfig, total_steps: int) -> Callable[[int], float]:
     """The lr of step `step` (0: the first) as a multiple of the peak: a linear warm-up over
     `lr_warmup_steps`, then constant, cosine decay to zero at `total_steps`, or the factor
     of one's own function `optimizer.schedule` names: `factor(step, total_steps)`."""
-    warmup, constant = cfg.lr_warmup_steps, cfg.schedule == "constant"  # plain values: per step
+    schedule = optimizer_cfg.schedule
+    warmup, constant = optimizer_cfg.lr_warmup_steps, schedule == "constant"  # plain: per step
     after = None
-    if cfg.schedule not in SCHEDULES:
-        after = locate("optimizer.schedule", cfg.schedule, SCHEDULE_FUNCTION)
+    if schedule not in SCHEDULES:
+        after = locate("optimizer.schedule", schedule, SCHEDULE_FUNCTION)
 
     def factor(step: int) -> float:
         if step < warmup:
@@ -372,7 +374,7 @@ def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]
     return hidden, rest
 
 
-def build_muon(model: nn.Module, cfg: DictConfig) -> list[torch.optim.Optimizer]:
+def build_muon(model: nn.Module, optimizer_cfg: DictConfig) -> list[torch.optim.Optimizer]:
     """[Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr and the
     node's other keywords) on the rest]."""
 
@@ -383,12 +385,12 @@ def build_muon(model: nn.Module, cfg: DictConfig) -> list[torch.optim.Optimizer]
             "weights (Muon orthogonalises matrices; embeddings, heads, convolutions and 1-D "
             "parameters take AdamW): use optimizer=adamw"
         )
-    keywords = plain(OptimizerConfig.keywords(cfg))
+    keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
     weight_decay = keywords.get("weight_decay")
     own = {"lr": keywords.pop("muon_lr", None), "weight_decay": weight_decay,
            "momentum": keywords.pop("muon_momentum", None)}  # fmt: skip
     muon = torch.optim.Muon(hidden, **{k: v for k, v in own.items() if v is not None})
-    groups = [{"params": rest}] if cfg.weight_decay_1d else [
+    groups = [{"params": rest}] if optimizer_cfg.weight_decay_1d else [
         {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay or 0.0},
         {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
     ]  # fmt: skip

@@ -17,16 +17,16 @@ from gearshift.models.recompute import apply_activation_checkpointing
 
 
 def build_model(
-    cfg: DictConfig, device: torch.device, memory_format: torch.memory_format
+    model_cfg: DictConfig, device: torch.device, memory_format: torch.memory_format
 ) -> nn.Module:
-    """Instantiate `cfg` (the model group) on `device`, weights in `memory_format`."""
-    return instantiate_model(cfg).to(device=device, memory_format=memory_format)
+    """Instantiate `model_cfg` (the model group) on `device`, weights in `memory_format`."""
+    return instantiate_model(model_cfg).to(device=device, memory_format=memory_format)
 
 
-def instantiate_model(cfg: DictConfig) -> nn.Module:
-    """The model `cfg` names, with `model.checkpointing` applied, where torch puts new
+def instantiate_model(model_cfg: DictConfig) -> nn.Module:
+    """The model `model_cfg` names, with `model.checkpointing` applied, where torch puts new
     tensors (observe/plan.py: fake ones, on the planned device)."""
-    options = OmegaConf.to_container(cfg, resolve=True)
+    options = OmegaConf.to_container(model_cfg, resolve=True)
     checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
     for key in MODEL_KEYS:  # gearshift's (build.py applies model.init_from)
         options.pop(key, None)

@@ -1,7 +1,7 @@
 """The gear advisor: what in this config and model holds the run back, and the fix.
 
-`advise(cfg, model, device)` inspects the resolved config, the built model (before
-torch.compile) and the device, and returns findings, each with a stable id, a message and
+`advise(nodes, model, device)` inspects the config's nodes (`Nodes`: the builder picks
+them, build.py `advise_config`), the built model (before torch.compile) and the device, and returns findings, each with a stable id, a message and
 the fix. `fit` logs each one once as a warning at start-up and lists them in summary.json
 under `advice`; `python -m gearshift.advise [overrides...]` prints them for a config
 without training.
@@ -27,6 +27,7 @@ from torch import fx, nn
 from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
+from gearshift.config.schema import CompileConfig, DataLoaderConfig, MemoryFormatConfig
 from gearshift.data.loading import resolve_num_workers, resolve_pin_memory
 from gearshift.engine.precision import (
     cpu_kernels,
@@ -56,11 +57,26 @@ class Finding:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Nodes:
+    """The config the rules read: its nodes and values, as the builder passes them."""
+
+    batch_size: int | str
+    cudnn_benchmark: bool
+    amp: str  # amp.dtype: what amp_dtype="resolve" resolves
+    data: DictConfig
+    dataloader: DataLoaderConfig
+    memory_format: MemoryFormatConfig
+    compile: CompileConfig
+    strategy: str | None  # distributed.strategy
+    task: DictConfig | None  # None: a config without a task node
+
+
 @dataclass
 class Subject:
     """What the rules look at."""
 
-    cfg: DictConfig
+    nodes: Nodes
     model: nn.Module
     device: torch.device
     amp_dtype: torch.dtype | None
@@ -71,16 +87,17 @@ class Subject:
 
     @property
     def batch_size(self) -> int | None:
-        return self.cfg.batch_size if isinstance(self.cfg.batch_size, int) else None
+        batch_size = self.nodes.batch_size
+        return batch_size if isinstance(batch_size, int) else None
 
     @property
     def host_data(self) -> bool:
-        return not OmegaConf.select(self.cfg, "data.on_device", default=False)
+        return not OmegaConf.select(self.nodes.data, "on_device", default=False)
 
     def short_last_batch(self) -> int:
         """Samples in the training epoch's short last batch (0: every batch is full)."""
-        num_samples = OmegaConf.select(self.cfg, "data.num_samples")
-        if self.cfg.dataloader.drop_last or not self.batch_size or not num_samples:
+        num_samples = OmegaConf.select(self.nodes.data, "num_samples")
+        if self.nodes.dataloader.drop_last or not self.batch_size or not num_samples:
             return 0
         return num_samples % self.batch_size
 
@@ -121,7 +138,7 @@ def _widths(module: nn.Module) -> tuple[str, int, str, int] | None:
 def layer_widths_multiple_of_8(s: Subject) -> Finding | None:
     if not s.cuda or s.amp_dtype not in (torch.float16, torch.bfloat16):
         return None
-    image_channels = OmegaConf.select(s.cfg, "data.channels")
+    image_channels = OmegaConf.select(s.nodes.data, "channels")
     odd = []
     for name, module in s.model.named_modules():
         widths = _widths(module)
@@ -217,7 +234,7 @@ def conv_bias_before_batchnorm(s: Subject) -> Finding | None:
 
 
 def data_parallel(s: Subject) -> Finding | None:
-    chosen = OmegaConf.select(s.cfg, "distributed.strategy") == "dp"
+    chosen = s.nodes.strategy == "dp"
     wrapped = any(isinstance(m, nn.DataParallel) for m in s.model.modules())
     if not (chosen or wrapped):
         return None
@@ -234,7 +251,7 @@ def data_parallel(s: Subject) -> Finding | None:
 def loader_workers(s: Subject) -> Finding | None:
     if not (s.cuda and s.host_data):
         return None
-    if resolve_num_workers(s.cfg.dataloader.num_workers, s.device) > 0:
+    if resolve_num_workers(s.nodes.dataloader.num_workers, s.device) > 0:
         return None
     return Finding(
         "loader-no-workers",
@@ -247,7 +264,7 @@ def loader_workers(s: Subject) -> Finding | None:
 def loader_pin_memory(s: Subject) -> Finding | None:
     if not (s.cuda and s.host_data):
         return None
-    if resolve_pin_memory(s.cfg.dataloader.pin_memory, s.device):
+    if resolve_pin_memory(s.nodes.dataloader.pin_memory, s.device):
         return None
     return Finding(
         "loader-no-pin-memory",
@@ -258,7 +275,7 @@ def loader_pin_memory(s: Subject) -> Finding | None:
 
 
 def channels_last_without_conv(s: Subject) -> Finding | None:
-    if not s.cfg.memory_format.channels_last:
+    if not s.nodes.memory_format.channels_last:
         return None
     if any(isinstance(m, _CONV) and m.weight.dim() == 4 for m in s.model.modules()):
         return None
@@ -272,7 +289,7 @@ def channels_last_without_conv(s: Subject) -> Finding | None:
 
 def cudnn_benchmark_varying_shapes(s: Subject) -> Finding | None:
     short = s.short_last_batch()
-    if not (s.cuda and s.cfg.cudnn_benchmark and short):
+    if not (s.cuda and s.nodes.cudnn_benchmark and short):
         return None
     return Finding(
         "cudnn-benchmark-varying-shapes",
@@ -285,8 +302,8 @@ def cudnn_benchmark_varying_shapes(s: Subject) -> Finding | None:
 
 def compile_short_last_batch(s: Subject) -> Finding | None:
     short = s.short_last_batch()
-    compiled = resolve_compile(s.cfg.compile.enabled, s.device)[0]
-    if not (compiled and short and s.cfg.compile.dynamic is not True):
+    compiled = resolve_compile(s.nodes.compile.enabled, s.device)[0]
+    if not (compiled and short and s.nodes.compile.dynamic is not True):
         return None
     return Finding(
         "compile-short-last-batch",
@@ -385,10 +402,10 @@ def attention_calls(model: nn.Module, task: Task, device: torch.device) -> _Atte
 def attention_without_sdpa(s: Subject) -> Finding | None:
     model = _unwrapped(s.model)
     parameter = next(model.parameters(), None)
-    if parameter is None or not _has_attention(model) or "task" not in s.cfg:
+    if parameter is None or not _has_attention(model) or s.nodes.task is None:
         return None
     try:
-        calls = attention_calls(model, build_task(s.cfg.task), parameter.device)
+        calls = attention_calls(model, build_task(s.nodes.task), parameter.device)
     except Exception as error:  # a model the example batch does not fit: no verdict
         log.debug("advisor: attention probe of %s failed (%s)", type(model).__name__, error)
         return None
@@ -429,15 +446,15 @@ def _run(subject: Subject) -> Iterator[Finding]:
 
 
 def advise(
-    cfg: DictConfig,
+    nodes: Nodes,
     model: nn.Module,
     device: torch.device,
     amp_dtype: torch.dtype | str | None = "resolve",
 ) -> list[Finding]:
     """The findings for this config, model and device (amp_dtype: autocast's, if known)."""
     if amp_dtype == "resolve":
-        amp_dtype = resolve_amp_dtype(cfg.amp.dtype, device)
-    return list(_run(Subject(cfg, model, device, amp_dtype)))
+        amp_dtype = resolve_amp_dtype(nodes.amp, device)
+    return list(_run(Subject(nodes, model, device, amp_dtype)))
 
 
 def log_findings(findings: list[Finding]) -> None:

@@ -84,9 +84,14 @@ class Sampler:
 
 
 def build_sampler(
-    cfg: DictConfig, settings: SampleSettings | None, model: nn.Module
+    settings: SampleSettings | None,
+    data: DictConfig,
+    model: nn.Module,
+    val_every: int | None,
+    seed: int,
 ) -> Sampler | None:
-    """The run's sampler, or None when the task draws no samples."""
+    """The run's sampler, or None when the task draws no samples. `data`: the data node,
+    whose vocabulary decodes the samples."""
     if settings is None:
         return None
-    return Sampler(settings, cfg.data, model, cfg.val_every_n_steps, cfg.seed)
+    return Sampler(settings, data, model, val_every, seed)
