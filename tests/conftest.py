@@ -6,7 +6,7 @@ from helpers import seconds
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One core per pytest-xdist worker, for its own tensors and for the processes it starts
-    # (launch.py and torch read OMP_NUM_THREADS): two workers' thread pools on two cores
+    # (local_ranks.py and torch read OMP_NUM_THREADS): two workers' thread pools on two cores
     # spin against each other and made in-process runs 10x slower.
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)

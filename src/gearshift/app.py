@@ -68,7 +68,7 @@ def run_task(cfg: DictConfig, fit: Fit) -> float:
         check_config(cfg)
         # fit raises ConfigError too, before its first step, when the data is unusable
         if cfg.distributed.nproc_per_node > 1 and "RANK" not in os.environ:
-            from gearshift.launch import launch_local
+            from gearshift.local_ranks import launch_local
 
             summary = launch_local(fit, cfg, run_dir, run_name)  # the ranks run `fit`
         else:

@@ -117,7 +117,7 @@ class Parts:
         return self.transforms.on_batch(batch, train)
 
     @torch.inference_mode()  # tip 14: no autograd graph, no version counters
-    def evaluate(self, model: nn.Module) -> dict[str, float]:
+    def validation_metrics(self, model: nn.Module) -> dict[str, float]:
         """The task's validation metrics of `model` over every rank's share of the
         validation set: each metric updated on the device batch by batch, then computed
         (synced over the ranks) and read once. User code that raises: ValidationFailed."""

@@ -132,11 +132,11 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
         )
     saved = Saved(path, checkpoint)
     load_parts(saved, {"model": ModelState(parts.model)})
-    metrics = parts.evaluate(parts.model)
+    metrics = parts.validation_metrics(parts.model)
     ema_metrics = None
     if parts.ema is not None and "ema" in checkpoint:
         load_parts(saved, {"ema": parts.ema})
-        ema_metrics = parts.evaluate(parts.ema.model)
+        ema_metrics = parts.validation_metrics(parts.ema.model)
     return {
         "checkpoint": str(path.resolve()),
         "step": checkpoint["position"]["step"],

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from gearshift.launch import quiet_shutdown
+    from gearshift.local_ranks import quiet_shutdown
 
     with tempfile.TemporaryDirectory(prefix="gearshift-torchrun-") as scratch:
         note = Path(scratch) / "error.txt"

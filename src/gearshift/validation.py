@@ -40,9 +40,9 @@ class Validation:
             return
         self.step = step
         try:
-            self.values.update(run.evaluate(run.model))  # tip 14: under inference_mode
+            self.values.update(run.validation_metrics(run.model))  # tip 14: under inference_mode
             if run.ema is not None:
-                self.ema_values.update(run.evaluate(run.ema.model))
+                self.ema_values.update(run.validation_metrics(run.ema.model))
         except ValidationFailed as failed:  # the user's code: keep what trained, then one line
             saved = run.save()
             run.checkpointer.wait()  # checkpoint.async_save: written before we go

@@ -107,7 +107,9 @@ def planned_dtype(cfg: DictConfig, target: Target) -> torch.dtype | None:
     return torch.bfloat16 if gpu_peak(target.gpu, "bfloat16")[0] else torch.float16
 
 
-def compute_dtype(cfg: DictConfig, target: Target, dtype: torch.dtype | None, convs: bool) -> str:
+def planned_compute_dtype(
+    cfg: DictConfig, target: Target, dtype: torch.dtype | None, convs: bool
+) -> str:
     """The dtype of the matmuls, for the peak: autocast's; on a GPU TF32 where torch uses it."""
     if dtype is not None:
         return str(dtype).removeprefix("torch.")
@@ -327,7 +329,7 @@ def make_plan(cfg: DictConfig, task: Task | None = None, budget: float | None = 
 
     budget = budget or target.memory_bytes * (1 - cfg.plan.headroom)
     largest, per_sample = search_largest(peak_at, (batch, peak), budget)
-    dtype_name = compute_dtype(cfg, target, dtype, traced.convs)
+    dtype_name = planned_compute_dtype(cfg, target, dtype, traced.convs)
     if target.gpu:
         peak_rate = gpu_peak(target.gpu, dtype_name)[0]
     else:
