@@ -1,5 +1,6 @@
 """The docs cannot drift: they name every module and script (docs/layout.md's "Layout" and
-docs/architecture.md's tables), the README stays a short front page whose links reach the
+docs/architecture.md's tables) and every component of a run (docs/architecture.md's
+"Components"), the README stays a short front page whose links reach the
 manual, every page is in the site's nav, and the generated config reference lists every key.
 
 A module added without a line in both fails here, so the maps a reader starts from cannot
@@ -9,6 +10,7 @@ anchor of every page, the README's included.)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import re
 
@@ -16,6 +18,8 @@ import pytest
 import yaml
 from helpers import ROOT, make_cfg
 from omegaconf import OmegaConf
+
+from gearshift.build import Run
 
 PACKAGE = "src/gearshift/"
 
@@ -86,6 +90,24 @@ def test_every_module_and_script_is_in_the_docs(where, entries):
     found = entries()
     missing = [path for path in documented_files() if not listed(path, found)]
     assert missing == [], f"not in {where}: {missing}"
+
+
+def components_table() -> list[list[str]]:
+    """docs/architecture.md's "Components" table: each row's cells, header and rule left out."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    section = text.split("\n## Components\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows[1:]]
+
+
+def test_every_field_of_a_run_has_its_row_in_components():
+    # a field is named in backticks in a row's first (component) or second (built by) cell
+    rows = components_table()
+    assert rows and all(len(row) == 5 for row in rows), "five columns a row"
+    named = {name for row in rows for name in re.findall(r"`([^`]+)`", row[0] + row[1])}
+    fields = [field.name for field in dataclasses.fields(Run)]
+    assert {"precision", "forward", "checkpointer", "memory_history"} <= set(fields)
+    assert [name for name in fields if name not in named] == []
 
 
 def test_the_check_finds_a_missing_module():
