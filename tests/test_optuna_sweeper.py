@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import optuna
 import pytest
@@ -25,6 +26,7 @@ from optuna.trial import TrialState
 
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import latest_checkpoint
+from hydra_plugins.gearshift_sweeper._report import main as report_main
 from hydra_plugins.gearshift_sweeper._report import write_report
 from hydra_plugins.gearshift_sweeper._search_space import parse_search_space
 from hydra_plugins.gearshift_sweeper._study import open_storage
@@ -65,6 +67,14 @@ def sweep(
     )
 
 
+def sweep_in_process(
+    tmp_path, *overrides: str, environment: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """sweep() run inside this process (train_in_process), where the test is not about the
+    sweep's own process: its start (seconds of imports) is saved; its trials are processes."""
+    return train_in_process("-m", *TINY, *overrides, cwd=tmp_path, env=environment or env(tmp_path))
+
+
 def load(sweep_dir, name: str = "lr_batch") -> optuna.Study:
     storage = JournalStorage(JournalFileBackend(str(sweep_dir / "study.journal")))
     return optuna.load_study(study_name=name, storage=storage)
@@ -80,20 +90,38 @@ def run_span(run_dir) -> tuple[float, float]:
     return began, (run_dir / "summary.json").stat().st_mtime
 
 
-def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
-    sweep_dir = tmp_path / "search"
-    done = sweep(
-        tmp_path,
-        "hydra.sweeper.n_trials=6",
-        "hydra.sweeper.n_jobs=2",
-        "hydra.sweeper.sampler=random",
-        "batch_size=choice(32)",
+def readme_commands() -> list[list[str]]:
+    """The commands of docs/optuna.md's first block, each as its words."""
+    section = (ROOT / "docs" / "optuna.md").read_text()
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
+
+
+DOCS_SEARCH_TRIALS = 5
+
+
+@pytest.fixture(scope="module")
+def docs_search(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """docs/optuna.md's search command (2 trials at a time, the median pruner), made tiny
+    (later overrides win), run once for the two tests of its xdist_group: (its folder, the
+    run). Optuna's median pruner prunes nothing before 5 trials completed: all 5 complete."""
+    _, search, _, _ = readme_commands()
+    folder = tmp_path_factory.mktemp("docs_search")
+    small = (
+        f"hydra.sweeper.n_trials={DOCS_SEARCH_TRIALS}",
         "max_steps=choice(2, 16)",  # a command-line sweep is searched too: slow and fast trials
-        f"hydra.sweep.dir={sweep_dir}",
+        "val_every_n_steps=2",
     )
+    return folder, sweep_in_process(folder, *search[4:], *small)
+
+
+@pytest.mark.xdist_group("docs_search")
+def test_trials_run_side_by_side_and_the_best_is_the_best_run(docs_search):
+    folder, done = docs_search
+    sweep_dir = folder / "multirun" / "lr"
     assert done.returncode == 0, done.stderr
     trials = load(sweep_dir).trials
-    assert [t.number for t in trials] == list(range(6))
+    assert [t.number for t in trials] == list(range(DOCS_SEARCH_TRIALS))
     assert all(t.state == TrialState.COMPLETE for t in trials)
     # No batch barrier: some trial was asked for after one trial ended while another, which
     # began before that end, still ran. Batches of two never do that: a batch starts when
@@ -171,7 +199,7 @@ def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(t
     overrides = (
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.n_jobs=2",
-        "max_steps=200",
+        "max_steps=100",  # the kill comes at step 10: a trial is midway
         "checkpoint.every_n_steps=10",
         f"hydra.sweep.dir={sweep_dir}",
     )
@@ -205,7 +233,7 @@ def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(t
             assert "stopped by SIGTERM" in (sweep_dir / str(n) / "train.log").read_text()
     assert steps_at_kill  # at least one interrupted trial had saved
 
-    again = sweep(tmp_path, *overrides)
+    again = sweep_in_process(tmp_path, *overrides)  # the rerun: the killed one was a process
     assert again.returncode == 0, again.stderr
     after = load(sweep_dir).trials
     assert [t.number for t in after] == [0, 1, 2]  # none lost, none duplicated
@@ -223,7 +251,7 @@ def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(t
             line.split("checkpoint: ")[1] for line in log.splitlines() if "checkpoint: " in line
         ]
         assert saved and len(saved) == len(set(saved)), saved
-        assert summary(sweep_dir, t.number)["steps"] == 200
+        assert summary(sweep_dir, t.number)["steps"] == 100
 
 
 def sweeper(tmp_path, **params) -> StudySweeper:
@@ -396,23 +424,16 @@ def check_one_line_and_no_sweep_folder(done, message: str, tmp_path) -> None:
     assert not (tmp_path / "search").exists()
 
 
-def readme_commands() -> list[list[str]]:
-    """The commands of docs/optuna.md's first block, each as its words."""
-    section = (ROOT / "docs" / "optuna.md").read_text()
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
-    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
-
-
-def test_the_readme_commands_search_prune_and_report(tmp_path):
+@pytest.mark.xdist_group("docs_search")
+def test_the_readme_commands_search_prune_and_report(tmp_path, docs_search):
     _, search, report, _on_slurm = readme_commands()  # the last: tests/test_slurm.py
     assert search[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
-    # the page's command, made tiny: later overrides win
-    small = ("hydra.sweeper.n_trials=2", "max_steps=4", "val_every_n_steps=2")
-    done = sweep(tmp_path, *search[4:], *small)
+    folder, done = docs_search  # the page's command, made tiny
     assert done.returncode == 0, done.stderr
-    sweep_dir = tmp_path / "multirun" / "lr"
+    sweep_dir = folder / "multirun" / "lr"
     trials = load(sweep_dir).trials
-    assert len(trials) == 2 and all(len(t.intermediate_values) >= 1 for t in trials)
+    assert len(trials) == DOCS_SEARCH_TRIALS
+    assert all(len(t.intermediate_values) >= 1 for t in trials)
     for t in trials:  # hparams_search=lr_batch's space, and the trial's values acted
         assert 0.001 <= t.params["optimizer.lr"] <= 0.5
         assert t.params["batch_size"] in (32, 64, 128, 256)
@@ -696,12 +717,8 @@ def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
         finally:
             os.killpg(sweep.pid, signal.SIGKILL)  # nothing left behind should the test fail
 
-    def report() -> str:
-        made = subprocess.run(
-            [sys.executable, "-m", "hydra_plugins.gearshift_sweeper._report", "--no-plot",
-             str(sweep_dir)], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr
+    def report() -> str:  # _report's main, in this process (a process: scripts/report.py's)
+        assert report_main(["--no-plot", str(sweep_dir)]) == 0
         return (sweep_dir / "study_report.md").read_text()
 
     killed_when(lambda: "error:" in train_log(sweep_dir, 0), "trial 0's failure")
@@ -712,7 +729,7 @@ def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
     assert "| 1 | complete |" in report()  # told by the sweep, or read from its summary
     killed_when(lambda: (tmp_path / "paused").exists(), "a paused trial")
     assert "| 2 | running |" in report()
-    done = sweep(tmp_path, *overrides, environment=with_tests_on_the_path(tmp_path))
+    done = sweep_in_process(tmp_path, *overrides, environment=with_tests_on_the_path(tmp_path))
     assert done.returncode == 0, done.stderr
 
     trials = load(sweep_dir).trials
@@ -734,7 +751,7 @@ def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
 
 
 def test_a_study_in_which_no_trial_completes_ends_with_one_line_and_exit_1(tmp_path):
-    done = sweep(
+    done = sweep_in_process(
         tmp_path,
         "hydra.sweeper.n_trials=1",
         "max_steps=3",
