@@ -682,7 +682,8 @@ def wait_for(condition, what: str, sweep: subprocess.Popen | None = None) -> Non
 def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
     """Trial 0 fails at step 2, trial 1 completes, trial 2 pauses at step 2 (injected.py's
     ScriptedTrial). The sweep is killed (SIGKILL) when trial 0 has failed, when trial 1 has
-    written its summary, and while trial 2 trains; rerun each time."""
+    written its summary, and while trial 2 trains; rerun each time. Slow tier (conftest.py):
+    the sigkilled-sweep test above and the in-process tests of each moment's rule cover it."""
     sweep_dir = tmp_path / "search"
     overrides = (
         "hydra.sweeper.n_trials=3",
