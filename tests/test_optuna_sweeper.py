@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 from concurrent.futures import Future
-from pathlib import Path
 
 import optuna
 import pytest
@@ -90,38 +89,20 @@ def run_span(run_dir) -> tuple[float, float]:
     return began, (run_dir / "summary.json").stat().st_mtime
 
 
-def readme_commands() -> list[list[str]]:
-    """The commands of docs/optuna.md's first block, each as its words."""
-    section = (ROOT / "docs" / "optuna.md").read_text()
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
-    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
-
-
-DOCS_SEARCH_TRIALS = 5
-
-
-@pytest.fixture(scope="module")
-def docs_search(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """docs/optuna.md's search command (2 trials at a time, the median pruner), made tiny
-    (later overrides win), run once for the two tests of its xdist_group: (its folder, the
-    run). Optuna's median pruner prunes nothing before 5 trials completed: all 5 complete."""
-    _, search, _, _ = readme_commands()
-    folder = tmp_path_factory.mktemp("docs_search")
-    small = (
-        f"hydra.sweeper.n_trials={DOCS_SEARCH_TRIALS}",
+def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
+    sweep_dir = tmp_path / "search"
+    done = sweep_in_process(
+        tmp_path,
+        "hydra.sweeper.n_trials=5",  # the check below misses only if two pairs end at once
+        "hydra.sweeper.n_jobs=2",
+        "hydra.sweeper.sampler=random",
+        "batch_size=choice(32)",
         "max_steps=choice(2, 16)",  # a command-line sweep is searched too: slow and fast trials
-        "val_every_n_steps=2",
+        f"hydra.sweep.dir={sweep_dir}",
     )
-    return folder, sweep_in_process(folder, *search[4:], *small)
-
-
-@pytest.mark.xdist_group("docs_search")
-def test_trials_run_side_by_side_and_the_best_is_the_best_run(docs_search):
-    folder, done = docs_search
-    sweep_dir = folder / "multirun" / "lr"
     assert done.returncode == 0, done.stderr
     trials = load(sweep_dir).trials
-    assert [t.number for t in trials] == list(range(DOCS_SEARCH_TRIALS))
+    assert [t.number for t in trials] == list(range(5))
     assert all(t.state == TrialState.COMPLETE for t in trials)
     # No batch barrier: some trial was asked for after one trial ended while another, which
     # began before that end, still ran. Batches of two never do that: a batch starts when
@@ -424,16 +405,23 @@ def check_one_line_and_no_sweep_folder(done, message: str, tmp_path) -> None:
     assert not (tmp_path / "search").exists()
 
 
-@pytest.mark.xdist_group("docs_search")
-def test_the_readme_commands_search_prune_and_report(tmp_path, docs_search):
+def readme_commands() -> list[list[str]]:
+    """The commands of docs/optuna.md's first block, each as its words."""
+    section = (ROOT / "docs" / "optuna.md").read_text()
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_commands_search_prune_and_report(tmp_path):
     _, search, report, _on_slurm = readme_commands()  # the last: tests/test_slurm.py
     assert search[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
-    folder, done = docs_search  # the page's command, made tiny
+    # the page's command, made tiny: later overrides win
+    small = ("hydra.sweeper.n_trials=2", "max_steps=4", "val_every_n_steps=2")
+    done = sweep_in_process(tmp_path, *search[4:], *small)
     assert done.returncode == 0, done.stderr
-    sweep_dir = folder / "multirun" / "lr"
+    sweep_dir = tmp_path / "multirun" / "lr"
     trials = load(sweep_dir).trials
-    assert len(trials) == DOCS_SEARCH_TRIALS
-    assert all(len(t.intermediate_values) >= 1 for t in trials)
+    assert len(trials) == 2 and all(len(t.intermediate_values) >= 1 for t in trials)
     for t in trials:  # hparams_search=lr_batch's space, and the trial's values acted
         assert 0.001 <= t.params["optimizer.lr"] <= 0.5
         assert t.params["batch_size"] in (32, 64, 128, 256)
