@@ -74,6 +74,12 @@ SLOW_WITH_FAST_COVER = {
     # sweeps
     "tests/test_optuna_sweeper.py::"
     "test_the_median_pruner_stops_a_hopeless_trial_after_its_first_validations": "tests/test_optuna_sweeper.py::test_the_readme_commands_search_prune_and_report",
+    # a sweep SIGKILLed at three moments, rerun each time: the same kill and rerun end to end,
+    # and each moment's rule in this process: a failed trial is not launched again (..._while_
+    # the_rerun_waits_...), one that ended while no sweep waited counts (..._followed_to_its_
+    # result), the report shows each trial as it ended (..._killed_sweep_shows_each_trial_...)
+    "tests/test_optuna_sweeper.py::test_a_sweep_killed_at_three_moments_trains_every_trial_once": "tests/test_optuna_sweeper.py::"
+    "test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study",
     "tests/test_sweeps.py::test_logger_group_wins_over_the_sweep_name": "tests/test_sweeps.py::test_sweep_runs_share_a_wandb_group_named_after_the_sweep",
     "tests/test_sweeps.py::test_a_single_run_has_no_group_unless_one_is_set": "tests/test_sweeps.py::test_sweep_runs_share_a_wandb_group_named_after_the_sweep",
     # the user's own code, and checkpoints

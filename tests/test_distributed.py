@@ -338,7 +338,7 @@ def worker_pids(agent: subprocess.Popen) -> dict[int, int]:
 
 def test_a_killed_rank_restarts_the_job_which_resumes_to_the_same_parameters(tmp_path):
     # simple_cnn: slow enough per step that the kill lands mid-run, BatchNorm buffers included
-    train = ["model=simple_cnn", *TINY_CLI, "data.image_size=16", "max_steps=60"]
+    train = ["model=simple_cnn", *TINY_CLI, "data.image_size=16", "max_steps=40"]
     train += ["checkpoint.every_n_steps=5", "resume=auto"]
     whole = tmp_path / "whole"  # the uninterrupted run, its 2 ranks forked from this process
     two_ranks(whole, train, worker=train_recorded)

@@ -25,6 +25,7 @@ from optuna.trial import TrialState
 
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import latest_checkpoint
+from hydra_plugins.gearshift_sweeper._report import main as report_main
 from hydra_plugins.gearshift_sweeper._report import write_report
 from hydra_plugins.gearshift_sweeper._search_space import parse_search_space
 from hydra_plugins.gearshift_sweeper._study import open_storage
@@ -65,6 +66,14 @@ def sweep(
     )
 
 
+def sweep_in_process(
+    tmp_path, *overrides: str, environment: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """sweep() run inside this process (train_in_process), where the test is not about the
+    sweep's own process: its start (seconds of imports) is saved; its trials are processes."""
+    return train_in_process("-m", *TINY, *overrides, cwd=tmp_path, env=environment or env(tmp_path))
+
+
 def load(sweep_dir, name: str = "lr_batch") -> optuna.Study:
     storage = JournalStorage(JournalFileBackend(str(sweep_dir / "study.journal")))
     return optuna.load_study(study_name=name, storage=storage)
@@ -82,9 +91,9 @@ def run_span(run_dir) -> tuple[float, float]:
 
 def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
     sweep_dir = tmp_path / "search"
-    done = sweep(
+    done = sweep_in_process(
         tmp_path,
-        "hydra.sweeper.n_trials=6",
+        "hydra.sweeper.n_trials=5",  # the check below misses only if two pairs end at once
         "hydra.sweeper.n_jobs=2",
         "hydra.sweeper.sampler=random",
         "batch_size=choice(32)",
@@ -93,7 +102,7 @@ def test_trials_run_side_by_side_and_the_best_is_the_best_run(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     trials = load(sweep_dir).trials
-    assert [t.number for t in trials] == list(range(6))
+    assert [t.number for t in trials] == list(range(5))
     assert all(t.state == TrialState.COMPLETE for t in trials)
     # No batch barrier: some trial was asked for after one trial ended while another, which
     # began before that end, still ran. Batches of two never do that: a batch starts when
@@ -171,7 +180,7 @@ def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(t
     overrides = (
         "hydra.sweeper.n_trials=3",
         "hydra.sweeper.n_jobs=2",
-        "max_steps=200",
+        "max_steps=100",  # the kill comes at step 10: a trial is midway
         "checkpoint.every_n_steps=10",
         f"hydra.sweep.dir={sweep_dir}",
     )
@@ -205,7 +214,7 @@ def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(t
             assert "stopped by SIGTERM" in (sweep_dir / str(n) / "train.log").read_text()
     assert steps_at_kill  # at least one interrupted trial had saved
 
-    again = sweep(tmp_path, *overrides)
+    again = sweep_in_process(tmp_path, *overrides)  # the rerun: the killed one was a process
     assert again.returncode == 0, again.stderr
     after = load(sweep_dir).trials
     assert [t.number for t in after] == [0, 1, 2]  # none lost, none duplicated
@@ -223,7 +232,7 @@ def test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study(t
             line.split("checkpoint: ")[1] for line in log.splitlines() if "checkpoint: " in line
         ]
         assert saved and len(saved) == len(set(saved)), saved
-        assert summary(sweep_dir, t.number)["steps"] == 200
+        assert summary(sweep_dir, t.number)["steps"] == 100
 
 
 def sweeper(tmp_path, **params) -> StudySweeper:
@@ -408,7 +417,7 @@ def test_the_readme_commands_search_prune_and_report(tmp_path):
     assert search[:4] == ["python", "train.py", "-m", "hparams_search=lr_batch"]
     # the page's command, made tiny: later overrides win
     small = ("hydra.sweeper.n_trials=2", "max_steps=4", "val_every_n_steps=2")
-    done = sweep(tmp_path, *search[4:], *small)
+    done = sweep_in_process(tmp_path, *search[4:], *small)
     assert done.returncode == 0, done.stderr
     sweep_dir = tmp_path / "multirun" / "lr"
     trials = load(sweep_dir).trials
@@ -661,7 +670,8 @@ def wait_for(condition, what: str, sweep: subprocess.Popen | None = None) -> Non
 def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
     """Trial 0 fails at step 2, trial 1 completes, trial 2 pauses at step 2 (injected.py's
     ScriptedTrial). The sweep is killed (SIGKILL) when trial 0 has failed, when trial 1 has
-    written its summary, and while trial 2 trains; rerun each time."""
+    written its summary, and while trial 2 trains; rerun each time. Slow tier (conftest.py):
+    the sigkilled-sweep test above and the in-process tests of each moment's rule cover it."""
     sweep_dir = tmp_path / "search"
     overrides = (
         "hydra.sweeper.n_trials=3",
@@ -696,12 +706,8 @@ def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
         finally:
             os.killpg(sweep.pid, signal.SIGKILL)  # nothing left behind should the test fail
 
-    def report() -> str:
-        made = subprocess.run(
-            [sys.executable, "-m", "hydra_plugins.gearshift_sweeper._report", "--no-plot",
-             str(sweep_dir)], cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True,
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr
+    def report() -> str:  # _report's main, in this process (a process: scripts/report.py's)
+        assert report_main(["--no-plot", str(sweep_dir)]) == 0
         return (sweep_dir / "study_report.md").read_text()
 
     killed_when(lambda: "error:" in train_log(sweep_dir, 0), "trial 0's failure")
@@ -712,7 +718,7 @@ def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
     assert "| 1 | complete |" in report()  # told by the sweep, or read from its summary
     killed_when(lambda: (tmp_path / "paused").exists(), "a paused trial")
     assert "| 2 | running |" in report()
-    done = sweep(tmp_path, *overrides, environment=with_tests_on_the_path(tmp_path))
+    done = sweep_in_process(tmp_path, *overrides, environment=with_tests_on_the_path(tmp_path))
     assert done.returncode == 0, done.stderr
 
     trials = load(sweep_dir).trials
@@ -734,7 +740,7 @@ def test_a_sweep_killed_at_three_moments_trains_every_trial_once(tmp_path):
 
 
 def test_a_study_in_which_no_trial_completes_ends_with_one_line_and_exit_1(tmp_path):
-    done = sweep(
+    done = sweep_in_process(
         tmp_path,
         "hydra.sweeper.n_trials=1",
         "max_steps=3",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import yaml
-from helpers import CONF, ROOT, check_amp_on_resolved, seconds
+from helpers import CONF, ROOT, check_amp_on_resolved, seconds, train_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from wandb_records import read_records
@@ -40,14 +40,23 @@ def sweep(tmp_path, *overrides: str, timeout: float = 300) -> subprocess.Complet
     )
 
 
+def sweep_in_process(tmp_path, monkeypatch, *overrides: str) -> subprocess.CompletedProcess:
+    """sweep() run inside this process (train_in_process), where the test is not about the
+    sweep's own process: its start (seconds of imports) is saved."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HOME": str(tmp_path)}
+    return train_in_process("-m", *TINY, *overrides, cwd=tmp_path, env=env)
+
+
 def wandb_run_record(run_dir):
     [log_file] = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     return next(r.run for r in read_records(log_file) if r.WhichOneof("record_type") == "run")
 
 
-def test_sweep_runs_share_a_wandb_group_named_after_the_sweep(tmp_path):
+def test_sweep_runs_share_a_wandb_group_named_after_the_sweep(tmp_path, monkeypatch):
     sweep_dir = tmp_path / "multirun" / "amp-sweep"
-    done = sweep(tmp_path, "logger=wandb", "amp=off,bf16", f"hydra.sweep.dir={sweep_dir}")
+    overrides = ("logger=wandb", "amp=off,bf16", f"hydra.sweep.dir={sweep_dir}")
+    done = sweep_in_process(tmp_path, monkeypatch, *overrides)
     assert done.returncode == 0, done.stderr
     runs = [wandb_run_record(sweep_dir / str(n)) for n in (0, 1)]
     assert [r.run_group for r in runs] == ["amp-sweep", "amp-sweep"]
@@ -156,10 +165,13 @@ def log_times(run_dir) -> tuple[str, str]:
     return lines[0][1:24], lines[-1][1:24]
 
 
-def test_an_ablation_sweep_runs_each_gear_alone_in_its_own_process_and_reports(tmp_path):
+def test_an_ablation_sweep_runs_each_gear_alone_in_its_own_process_and_reports(
+    tmp_path, monkeypatch
+):
     sweep_dir = tmp_path / "ablation"
-    done = sweep(
+    done = sweep_in_process(  # the sweep in this process; its jobs: each in a process
         tmp_path,
+        monkeypatch,
         "logger=none",
         "sweep=ablation",
         "gear=baseline,amp",
