@@ -13,16 +13,22 @@ docs/gears.md are tagged where they act (`# tip N`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import gearshift
+
+CONF = Path(__file__).parent / "conf"
+if __name__ == "__main__":  # first: bad input ends in one line before the parts load
+    gearshift.preflight(CONF)  # exit 2 and no run folder for a config that would fail
+
 import logging
 import math
 from itertools import islice
-from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import DictConfig
 
-import gearshift
 from gearshift.build import Run, build_run, distributed_job
 from gearshift.config import DataError
 from gearshift.data.loading import to_device
@@ -37,7 +43,6 @@ from gearshift.reporting import RunResult, read_log_point, summarize
 from gearshift.state.preemption import StopRequest
 from gearshift.validation import Validation
 
-CONF = Path(__file__).parent / "conf"
 log = logging.getLogger("gearshift.train")
 
 
@@ -170,5 +175,4 @@ def main(cfg: DictConfig) -> float:
 
 
 if __name__ == "__main__":
-    gearshift.preflight(CONF)  # bad input: one clear line and exit 2, before any run folder
     main()
