@@ -36,8 +36,8 @@ from gearshift.engine.precision import (
     resolve_amp_dtype,
     short_name,
 )
+from gearshift.models.blocks import recompute_disabled
 from gearshift.models.factory import resolve_compile
-from gearshift.models.recompute import recompute_disabled
 from gearshift.tasks import Task, build_task
 
 log = logging.getLogger(__name__)
