@@ -65,6 +65,7 @@ NOT_CONFIGURED = (
     "gearshift.engine.ema",  # ema.decay
     "gearshift.engine.muon",  # optimizer=muon
     "gearshift.config.disk_checks",  # the sources read from disk
+    "gearshift.observe.attention_probe",  # the advisor, for a model with attention
 )
 
 
