@@ -31,7 +31,6 @@ from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
 from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets, stream_length
-from gearshift.engine.ema import EMA, build_ema
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers, build_optimizers, optimizer_label
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
@@ -80,6 +79,7 @@ from gearshift.tasks.metrics import (
 
 if TYPE_CHECKING:  # the optional parts' modules load only where their feature is configured
     from gearshift.batch_finder import BatchSizeChoice
+    from gearshift.engine.ema import EMA
     from gearshift.observe.memory_snapshot import MemoryHistory
     from gearshift.observe.plan import PlanCheck
     from gearshift.observe.profiler import Profiler
@@ -348,7 +348,11 @@ def build_parts(
     }
     if val is not None:  # a metric that cannot give one number: one line, before any work
         check_validation(cfg, task, model, device, precision, memory_format)
-    ema = build_ema(cfg.ema, model)  # weight averaging (None: off)
+    ema = None
+    if cfg.ema.decay is not None:  # weight averaging (ema.decay; null: off)
+        from gearshift.engine.ema import build_ema
+
+        ema = build_ema(cfg.ema, model)
     return Parts(
         cfg, device, ranks, precision, memory_format, task, read, train, val, transforms, model, ema,
         batch_choice, gears,

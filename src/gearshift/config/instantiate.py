@@ -13,6 +13,7 @@ from typing import Any
 
 import hydra
 from hydra.errors import InstantiationException
+from omegaconf import OmegaConf
 
 from gearshift.config.rules import ConfigError, locate
 
@@ -69,4 +70,23 @@ def instantiate(key: str, node: Mapping[str, Any], **extra: Any) -> Any:
         first = (str(cause).strip().splitlines() or [""])[0]
         raise ConfigError(
             f"{key}._target_={target!r} could not be built: {type(cause).__name__}: {first}"
+        ) from None
+
+
+def plain(keywords: dict[str, Any]) -> dict[str, Any]:
+    """The config's values as torch takes them: lists as tuples (betas)."""
+    values = OmegaConf.to_container(OmegaConf.create(keywords)) if keywords else {}
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+
+
+def build(node: str, target: str, first: Any, keywords: dict[str, Any]) -> Any:
+    """`cls(first, **keywords)` for the class `target` names; one line naming the node when
+    the class rejects a value (its keywords were checked before the run)."""
+    cls = locate(f"{node}._target_", target)
+    try:
+        return cls(first, **keywords)
+    except (TypeError, ValueError, RuntimeError) as error:
+        line = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"{node}._target_={target!r} could not be built: {type(error).__name__}: {line}"
         ) from None

@@ -16,13 +16,6 @@ from typing import Literal
 
 from omegaconf import DictConfig
 
-from gearshift.config.data_checks import (
-    BATCH_DTYPES,
-    CHECK_IMAGES,
-    DECODERS,
-    DECODES,
-    STAGE_FORMATS,
-)
 from gearshift.config.instantiate import check_keywords
 from gearshift.config.rules import check_fields, locate
 from gearshift.config.schema import MODEL_KEYS
@@ -33,6 +26,12 @@ TRAINER_KEYS = {
     "model": ("checkpointing", *MODEL_KEYS),  # models/factory.py, state/init_from.py
     "task": ("metrics", "monitor", "mode"),  # tasks/base.py build_task: what it is judged by
 }
+# The values of the image sources' keys (checked again in disk_checks.py).
+CHECK_IMAGES = ("header", "decode", "off")
+BATCH_DTYPES = ("uint8", "float32")  # data/images.py host_transform
+DECODERS = ("auto", "pil", "torchvision", "simplejpeg")  # data/decode.py
+STAGE_FORMATS = ("copy", "jpeg", "raw")  # data/resized.py
+DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py)
 ACTIVATIONS = ("gelu", "gelu_tanh")  # models/gpt.py: GELU's exact form, or GPT-2's tanh one
 
 

@@ -16,7 +16,7 @@ starts, named. A file with a JPEG header but damaged data fails its batch's deco
 batch is then decoded image by image to name the file (`DamagedJpeg`).
 
 Every function here is device-agnostic (decode_jpeg decodes on the CPU too), so the tests
-check them on a CPU; config/data_checks.py refuses `data.decode=gpu` for a run on the CPU,
+check them on a CPU; config/disk_checks.py refuses `data.decode=gpu` for a run on the CPU,
 where it would only move the decoding from the workers into the training loop.
 
 torchvision deprecates its image decoders from 0.29 in favour of TorchCodec; decode_jpeg

@@ -31,7 +31,6 @@ from gearshift.config import ConfigError
 from gearshift.config.instantiate import accepts, instantiate
 from gearshift.config.rules import locate
 from gearshift.config.targets import TRAINER_KEYS
-from gearshift.data.staging import stage
 
 
 # What the loaders of map-style data and of streams (data/streams.py, loaded for a stream
@@ -92,4 +91,6 @@ def _staging(source: Any, node: Mapping[str, Any], stage_to: str) -> dict[str, A
             f"data.stage_to={stage_to!r} is not allowed; the source takes no stage_to "
             "and has no data.path folder to stage"
         )
+    from gearshift.data.staging import stage  # data.stage_to only
+
     return {"path": str(stage(Path(node["path"]).expanduser(), Path(stage_to)))}

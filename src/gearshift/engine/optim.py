@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
-from gearshift.config import ConfigError
-from gearshift.config.instantiate import accepts
+from gearshift.config.instantiate import accepts, build, plain
 from gearshift.config.rules import locate
 from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
 
@@ -34,6 +33,8 @@ def build_optimizers(
     each with the lr schedule of a run of `total_steps` (None: no schedules, for probes that take a
     step or two): the scheduler node's class, or (None, or its _target_ null) the built-in."""
     if OptimizerConfig.is_muon(optimizer_cfg):
+        from gearshift.engine.muon import build_muon  # optimizer=muon only
+
         optimizers = build_muon(model, optimizer_cfg)
     else:
         optimizers = [one_optimizer(model, optimizer_cfg)]
@@ -143,25 +144,6 @@ def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Op
     keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
     params = parameter_groups(model, keywords.get("weight_decay"), optimizer_cfg.weight_decay_1d)
     return build("optimizer", OptimizerConfig.target(optimizer_cfg), params, keywords)
-
-
-def plain(keywords: dict[str, Any]) -> dict[str, Any]:
-    """The config's values as torch takes them: lists as tuples (betas)."""
-    values = OmegaConf.to_container(OmegaConf.create(keywords)) if keywords else {}
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
-
-
-def build(node: str, target: str, first: Any, keywords: dict[str, Any]) -> Any:
-    """`cls(first, **keywords)` for the class `target` names; one line naming the node when
-    the class rejects a value (its keywords were checked before the run)."""
-    cls = locate(f"{node}._target_", target)
-    try:
-        return cls(first, **keywords)
-    except (TypeError, ValueError, RuntimeError) as error:
-        line = (str(error).strip().splitlines() or [""])[0]
-        raise ConfigError(
-            f"{node}._target_={target!r} could not be built: {type(error).__name__}: {line}"
-        ) from None
 
 
 def parameter_groups(
@@ -359,40 +341,3 @@ def keyed_by_name(state: dict[str, Any]) -> bool:
     helpers) rather than numbering them (torch's own `Optimizer.state_dict`)."""
     groups = state.get("param_groups", [])
     return any(isinstance(p, str) for group in groups for p in group.get("params", []))
-
-
-def muon_split(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
-    """(hidden 2-D weights, the rest): embeddings, a head (a parameter named `*head*`, or
-    tied to an embedding), convolutions and 1-D parameters go to AdamW."""
-    embedded = {
-        id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
-    }
-    hidden, rest = [], []
-    for name, p in model.named_parameters():
-        is_hidden = p.dim() == 2 and id(p) not in embedded and "head" not in name
-        (hidden if is_hidden else rest).append(p)
-    return hidden, rest
-
-
-def build_muon(model: nn.Module, optimizer_cfg: DictConfig) -> list[torch.optim.Optimizer]:
-    """[Muon (lr: optimizer.muon_lr) on the hidden matrices, AdamW (optimizer.lr and the
-    node's other keywords) on the rest]."""
-
-    hidden, rest = muon_split(model)
-    if not hidden:
-        raise ConfigError(
-            f"optimizer.name='muon' is not allowed; {type(model).__name__} has no 2-D hidden "
-            "weights (Muon orthogonalises matrices; embeddings, heads, convolutions and 1-D "
-            "parameters take AdamW): use optimizer=adamw"
-        )
-    keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
-    weight_decay = keywords.get("weight_decay")
-    own = {"lr": keywords.pop("muon_lr", None), "weight_decay": weight_decay,
-           "momentum": keywords.pop("muon_momentum", None)}  # fmt: skip
-    muon = torch.optim.Muon(hidden, **{k: v for k, v in own.items() if v is not None})
-    groups = [{"params": rest}] if optimizer_cfg.weight_decay_1d else [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay or 0.0},
-        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-    ]  # fmt: skip
-    groups = [g for g in groups if g["params"]]
-    return [muon, build("optimizer", PRESET_CLASSES["adamw"], groups, keywords)]

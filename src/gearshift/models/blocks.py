@@ -9,7 +9,30 @@ Sequentials only (`mlp`, `simple_cnn`) has no blocks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from torch import nn
+
+# Here, not in recompute.py, so that the FLOP counter and the advisor can switch it off
+# without loading activation checkpointing in a run that does not use it.
+_recompute = {"enabled": True}  # switched off to count FLOPs or trace the model
+
+
+def recomputing() -> bool:
+    """Whether checkpointed containers recompute (recompute.py), outside recompute_disabled."""
+    return _recompute["enabled"]
+
+
+@contextmanager
+def recompute_disabled() -> Iterator[None]:
+    """Run checkpointed containers as plain ones (no recomputation) inside this block."""
+    before = _recompute["enabled"]
+    _recompute["enabled"] = False
+    try:
+        yield
+    finally:
+        _recompute["enabled"] = before
 
 
 def holds_blocks(sequential: nn.Sequential) -> bool:

@@ -13,7 +13,6 @@ from torch import nn
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 from gearshift.config.schema import MODEL_KEYS, CompileConfig
-from gearshift.models.recompute import apply_activation_checkpointing
 
 
 def build_model(
@@ -36,7 +35,11 @@ def instantiate_model(model_cfg: DictConfig) -> nn.Module:
             f"model._target_={options['_target_']!r} is not allowed; it built a "
             f"{type(model).__name__}, expected a torch.nn.Module"
         )
-    return apply_activation_checkpointing(model) if checkpointing else model
+    if not checkpointing:
+        return model
+    from gearshift.models.recompute import apply_activation_checkpointing  # only when asked for
+
+    return apply_activation_checkpointing(model)
 
 
 def resolve_compile(choice: bool | str, device: torch.device) -> tuple[bool, str]:

@@ -21,22 +21,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from gearshift.models.blocks import holds_blocks
+from gearshift.models.blocks import holds_blocks, recomputing
 
 log = logging.getLogger(__name__)
-
-_recompute = {"enabled": True}  # switched off to count FLOPs or trace the model
-
-
-@contextmanager
-def recompute_disabled() -> Iterator[None]:
-    """Run checkpointed containers as plain ones (no recomputation) inside this block."""
-    before = _recompute["enabled"]
-    _recompute["enabled"] = False
-    try:
-        yield
-    finally:
-        _recompute["enabled"] = before
 
 
 @contextmanager
@@ -72,7 +59,7 @@ class CheckpointedSequential(nn.Sequential):
         return x
 
     def forward(self, x):
-        active = _recompute["enabled"] and torch.is_grad_enabled()
+        active = recomputing() and torch.is_grad_enabled()
         for start, end in self.segments:
             if not active:
                 x = self._run(start, end, x)

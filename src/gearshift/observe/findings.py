@@ -24,8 +24,6 @@ from itertools import pairwise
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import fx, nn
-from torch.func import functional_call
-from torch.overrides import TorchFunctionMode
 
 from gearshift.config.schema import CompileConfig, DataLoaderConfig, MemoryFormatConfig
 from gearshift.data.loading import resolve_num_workers, resolve_pin_memory
@@ -36,9 +34,9 @@ from gearshift.engine.precision import (
     resolve_amp_dtype,
     short_name,
 )
+from gearshift.models.blocks import recompute_disabled
 from gearshift.models.factory import resolve_compile
-from gearshift.models.recompute import recompute_disabled
-from gearshift.tasks import Task, build_task
+from gearshift.tasks import build_task
 
 log = logging.getLogger(__name__)
 
@@ -348,30 +346,6 @@ def transformer_widths_multiple_of_64(s: Subject) -> Finding | None:
     )
 
 
-class _AttentionCalls(TorchFunctionMode):
-    """Counts what a forward pass calls: fused attention, and attention done by hand (a
-    softmax over square (..., T, T) scores; nn.MultiheadAttention asked for its weights)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fused = self.by_hand = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if name == "scaled_dot_product_attention":
-            self.fused += 1
-        elif name == "softmax" and _square_scores(args[0] if args else None):
-            self.by_hand += 1
-        elif name == "multi_head_attention_forward" and kwargs.get("need_weights", True):
-            self.by_hand += 1  # need_weights=True: torch computes softmax(QK^T) itself
-        return func(*args, **kwargs)
-
-
-def _square_scores(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[-1] == x.shape[-2] > 1
-
-
 def _has_attention(model: nn.Module) -> bool:
     """Cheap gate before the probe's forward pass: embeddings or something named attention."""
     return any(
@@ -382,28 +356,13 @@ def _has_attention(model: nn.Module) -> bool:
     )
 
 
-def attention_calls(model: nn.Module, task: Task, device: torch.device) -> _AttentionCalls:
-    """One forward pass of the task's example batch without gradients (through the task's
-    loss, which knows what the model takes), on copies of the buffers (BatchNorm statistics
-    stay) and with the random streams left as they were; it runs on the meta device too."""
-    state = dict(model.named_parameters()) | {n: b.clone() for n, b in model.named_buffers()}
-    devices = [device] if device.type == "cuda" else []
-    with torch.no_grad(), torch.random.fork_rng(devices=devices), recompute_disabled():
-        batch = task.example_batch(2, device)
-
-        def forward(*args, **kwargs):
-            return functional_call(model, state, args, kwargs)
-
-        with _AttentionCalls() as calls:
-            task.loss_terms(forward, batch)
-    return calls
-
-
 def attention_without_sdpa(s: Subject) -> Finding | None:
     model = _unwrapped(s.model)
     parameter = next(model.parameters(), None)
     if parameter is None or not _has_attention(model) or s.nodes.task is None:
         return None
+    from gearshift.observe.attention_probe import attention_calls  # a model with attention only
+
     try:
         calls = attention_calls(model, build_task(s.nodes.task), parameter.device)
     except Exception as error:  # a model the example batch does not fit: no verdict

@@ -39,7 +39,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from gearshift.data.loading import to_device
 from gearshift.engine.precision import Precision
-from gearshift.models.recompute import recompute_disabled
+from gearshift.models.blocks import recompute_disabled
 from gearshift.tasks import Task
 
 log = logging.getLogger(__name__)
