@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from gearshift.observe.loggers import wandb_mode
+from gearshift.observe.wandb_logger import wandb_mode
 
 
 def logger_settings(run_folder: Path) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from wandb_records import history
 
 from gearshift.app import _overrides_to_check
 from gearshift.config import ConfigError, check_config
-from gearshift.observe import loggers
+from gearshift.observe import csv_logger
 from train import fit
 
 # Log at every step but the first and validate mid-run, so each backend sees every family
@@ -146,7 +146,7 @@ def test_backends_failing_mid_run_keep_what_they_logged(tmp_path, monkeypatch, c
             raise OSError("disk full (tensorboard)")
         return real_add_scalar(self, *args, **kwargs)
 
-    real_writer, writes = loggers.csv.writer, []
+    real_writer, writes = csv_logger.csv.writer, []
 
     class FailingSecondTime:
         def __init__(self, file):
@@ -159,7 +159,7 @@ def test_backends_failing_mid_run_keep_what_they_logged(tmp_path, monkeypatch, c
             self.writer.writerows(rows)
 
     monkeypatch.setattr(SummaryWriter, "add_scalar", add_scalar)
-    monkeypatch.setattr(loggers.csv, "writer", FailingSecondTime)
+    monkeypatch.setattr(csv_logger.csv, "writer", FailingSecondTime)
     with caplog.at_level(logging.WARNING, logger="gearshift"):
         fit(make_cfg(*SHORT_RUN, "logger=[tensorboard,csv]"), tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 6

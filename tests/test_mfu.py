@@ -13,7 +13,7 @@ import train as loop
 from gearshift import build
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
-from gearshift.observe.loggers import NullLogger
+from gearshift.observe.logger_backend import NullLogger
 from gearshift.observe.mfu import compute_dtype, count_flops_per_sample, gpu_peak
 
 CPU = torch.device("cpu")

@@ -10,7 +10,7 @@ import wandb
 from helpers import make_cfg
 from wandb_records import history
 
-from gearshift.observe.loggers import wandb_mode
+from gearshift.observe.wandb_logger import wandb_mode
 from train import fit
 
 

@@ -20,7 +20,7 @@ from gearshift.parallel.distributed import gather_sum_max
 
 if TYPE_CHECKING:
     from gearshift.build import Run
-    from gearshift.observe.loggers import NullLogger
+    from gearshift.observe.logger_backend import NullLogger
     from gearshift.validation import Validation
 
 

@@ -11,7 +11,7 @@ from gearshift.tasks.metrics import ValidationFailed
 
 if TYPE_CHECKING:
     from gearshift.build import Run
-    from gearshift.observe.loggers import NullLogger
+    from gearshift.observe.logger_backend import NullLogger
 
 
 class Validation:

@@ -25,7 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from gearshift.config.schema import ProfileConfig
-from gearshift.observe.loggers import NullLogger
+from gearshift.observe.logger_backend import NullLogger
 
 log = logging.getLogger(__name__)
 
