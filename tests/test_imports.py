@@ -66,6 +66,7 @@ NOT_CONFIGURED = (
     "gearshift.engine.muon",  # optimizer=muon
     "gearshift.config.disk_checks",  # the sources read from disk
     "gearshift.observe.attention_probe",  # the advisor, for a model with attention
+    "gearshift.observe.cuda_findings",  # the advisor, on CUDA
     "gearshift.observe.wandb_logger",  # logger=wandb
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv

@@ -1,9 +1,11 @@
-"""The advisor's attention probe (findings.py `attention_without_sdpa`): one forward pass
+"""The advisor's attention rule (`attention_without_sdpa`) and its probe: one forward pass
 that counts fused attention and attention done by hand. Loaded only for a model with
 embeddings or an attention module.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
@@ -11,7 +13,10 @@ from torch.func import functional_call
 from torch.overrides import TorchFunctionMode
 
 from gearshift.models.blocks import recompute_disabled
-from gearshift.tasks import Task
+from gearshift.observe.advisor_base import Finding, Subject, unwrapped
+from gearshift.tasks import Task, build_task
+
+log = logging.getLogger(__name__)
 
 
 class AttentionCalls(TorchFunctionMode):
@@ -53,3 +58,26 @@ def attention_calls(model: nn.Module, task: Task, device: torch.device) -> Atten
         with AttentionCalls() as calls:
             task.loss_terms(forward, batch)
     return calls
+
+
+def attention_without_sdpa(s: Subject) -> Finding | None:
+    """The rule itself; findings.py checked that the model has parameters and attention
+    (or embeddings) and the config a task."""
+    model = unwrapped(s.model)
+    parameter = next(model.parameters())
+    try:
+        calls = attention_calls(model, build_task(s.nodes.task), parameter.device)
+    except Exception as error:  # a model the example batch does not fit: no verdict
+        log.debug("advisor: attention probe of %s failed (%s)", type(model).__name__, error)
+        return None
+    if not calls.by_hand:
+        return None
+    return Finding(
+        "attention-without-sdpa",
+        f"{type(model).__name__} computes attention by hand ({calls.by_hand} softmax over the "
+        f"scores per forward pass; {calls.fused} through scaled_dot_product_attention): the "
+        "(T, T) score matrix is written to memory and read back, where the fused kernels "
+        "(flash, memory-efficient) never build it",
+        "torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True) (model=gpt "
+        "does); nn.MultiheadAttention: need_weights=False",
+    )
