@@ -121,11 +121,8 @@ def restored_state(rank: int, world_size: int, port: int, out: str, overrides: l
         get_optimizer_state_dict,
     )
 
-    from gearshift.parallel.distributed import (
-        init_process_group,
-        ranks_from_environment,
-        resolve_strategy,
-    )
+    from gearshift.parallel.distributed import ranks_from_environment, resolve_strategy
+    from gearshift.parallel.process_group import init_process_group
 
     become_rank(rank, world_size, port)
     cfg = make_cfg(*overrides)

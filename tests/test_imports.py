@@ -14,7 +14,7 @@ from helpers import ROOT, seconds
 # The goal is 5,000 lines. This is the ratchet on the way there: the figure after the last
 # step, rounded up to the next 250. Lower it when a step takes modules out of the default
 # run; never raise it to let one in.
-MAX_DEFAULT_RUN_LINES = 8_250
+MAX_DEFAULT_RUN_LINES = 8_000
 
 # Runs train.py as `python train.py` would (argv[2:] its arguments), then writes the lines
 # of each of our modules it imported, and the names of every module it imported, to argv[1].
@@ -67,6 +67,8 @@ NOT_CONFIGURED = (
     "gearshift.config.disk_checks",  # the sources read from disk
     "gearshift.observe.attention_probe",  # the advisor, for a model with attention
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA
+    "gearshift.parallel.process_group",  # several ranks
+    "gearshift.parallel.slurm_env",  # srun with several tasks
     "gearshift.observe.wandb_logger",  # logger=wandb
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv

@@ -26,7 +26,8 @@ from helpers import ROOT, free_port, only_summary, seconds
 from test_datasets import write_images
 
 from gearshift.data.staging import staged_path
-from gearshift.parallel.distributed import Ranks, agree_on_attempt
+from gearshift.parallel.distributed import Ranks
+from gearshift.parallel.process_group import agree_on_attempt
 from gearshift.state.checkpoint_folders import changed_settings
 
 RUN_ID = "two-nodes"

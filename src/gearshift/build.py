@@ -51,7 +51,6 @@ from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,
-    init_process_group,
     rank_zero_value,
     ranks_from_environment,
     resolve_strategy,
@@ -274,6 +273,8 @@ def distributed_job(cfg: DistributedConfig, device_name: str, run_dir: Path) -> 
     if not ranks.is_zero:  # rank 0 speaks for the job
         logging.getLogger("gearshift").setLevel(logging.WARNING)
     if strategy in ("ddp", "fsdp"):
+        from gearshift.parallel.process_group import init_process_group  # several ranks only
+
         init_process_group(ranks, device, cfg)
         run_dir = Path(rank_zero_value(str(run_dir)))  # one run folder, rank 0's, for every rank
     try:

@@ -2,23 +2,19 @@
 
 Where the ranks come from: torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 MASTER_ADDR/PORT), else SLURM's (one task per device), else `distributed.nproc_per_node`
-starts them here through torch's elastic launcher (`launch_local`). The process group is
-nccl on CUDA and gloo on CPU; a collective that waits longer than
-`distributed.timeout_s` for a dead rank fails instead of hanging.
+starts them here through torch's elastic launcher (`launch_local`). The process group
+(process_group.py, loaded with several ranks only) is nccl on CUDA and gloo on CPU; a
+collective that waits longer than `distributed.timeout_s` for a dead rank fails instead
+of hanging.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
-import subprocess
-import time
-import uuid
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -41,38 +37,12 @@ class Ranks:
         return self.rank == 0
 
 
-def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: "gpu[07-09,12],cpu3" -> "gpu07"."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
-    prefix, ranges = match[1], match[2]
-    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
-
-
-def slurm_master_address(nodelist: str) -> str:
-    """Where rank 0 listens: the address of the job's first node. A node's name need not
-    resolve (clusters name nodes apart from their hosts, and several slurmd may share one
-    host), so it is the node's NodeAddr from `scontrol show node`, the first of the list
-    `scontrol show hostnames` expands; the name itself where scontrol cannot say."""
-    first = first_slurm_host(nodelist)
-    try:
-        names = _scontrol("show", "hostnames", nodelist).split()
-        first = names[0] if names else first
-        address = re.search(r"\bNodeAddr=(\S+)", _scontrol("show", "node", "-o", first))
-    except (OSError, subprocess.SubprocessError):
-        return first
-    return address[1] if address else first
-
-
-def _scontrol(*args: str) -> str:
-    return subprocess.run(
-        ["scontrol", *args], capture_output=True, text=True, timeout=60, check=True
-    ).stdout
-
-
 def adopt_slurm_environment() -> None:
     """Under `srun` with several tasks and no torchrun, SLURM's variables name the ranks."""
     if "RANK" in os.environ or int(os.environ.get("SLURM_NTASKS", "1")) < 2:
         return
+    from gearshift.parallel.slurm_env import slurm_master_address
+
     os.environ.update(
         RANK=os.environ["SLURM_PROCID"],
         WORLD_SIZE=os.environ["SLURM_NTASKS"],
@@ -98,71 +68,6 @@ def resolve_strategy(choice: str, ranks: Ranks) -> str:
     if choice == "auto":
         return "ddp" if ranks.world_size > 1 else "none"
     return choice
-
-
-def init_process_group(ranks: Ranks, device: torch.device, cfg: DistributedConfig) -> None:
-    backend = (
-        cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-    )
-    timeout = timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group(
-        backend,
-        store=attempt_store(ranks, timeout),
-        rank=ranks.rank,
-        world_size=ranks.world_size,
-        timeout=timeout,
-        device_id=device if device.type == "cuda" else None,
-    )
-
-
-def attempt_store(ranks: Ranks, timeout: timedelta) -> dist.Store | None:
-    """Under torchrun, a view of the agent's store private to this restart attempt.
-
-    The agent keeps one store across restarts; without a fresh prefix, a restarted rank can
-    read the address a dead rank of the previous attempt published and fail to connect.
-    None elsewhere: init_process_group then reads MASTER_ADDR/MASTER_PORT itself.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return None
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        ranks.world_size,
-        is_master=False,
-        timeout=timeout,
-    )
-    return dist.PrefixStore(f"gearshift/attempt_{agree_on_attempt(store, ranks, timeout)}", store)
-
-
-def agree_on_attempt(store: dist.Store, ranks: Ranks, timeout: timedelta) -> str:
-    """A name for this attempt that every rank gets and no earlier attempt used.
-
-    TORCHELASTIC_RESTART_COUNT is no such name: each node's agent counts its own restarts,
-    and one that restarts because a rank on another node failed does not count it. Rank 0
-    names the attempt; every other rank posts a fresh nonce under the name it read and waits
-    for rank 0 to echo it. A name left by an earlier attempt is never echoed (its ranks are
-    gone: agents stop them before they meet again), so the rank reads the name again.
-    """
-    if ranks.is_zero:
-        name = uuid.uuid4().hex
-        store.set("gearshift/attempt", name)
-        for rank in range(1, ranks.world_size):
-            store.set(f"gearshift/{name}/echo_{rank}", store.get(f"gearshift/{name}/nonce_{rank}"))
-        return name
-    nonce = uuid.uuid4().hex.encode()
-    deadline = time.monotonic() + timeout.total_seconds()
-    while time.monotonic() < deadline:
-        name = store.get("gearshift/attempt").decode()
-        store.set(f"gearshift/{name}/nonce_{ranks.rank}", nonce)
-        echo = f"gearshift/{name}/echo_{ranks.rank}"
-        try:
-            store.wait([echo], timedelta(seconds=1))
-        except dist.DistStoreError:  # rank 0 has not got to this rank yet, or is gone
-            continue
-        if store.get(echo) == nonce:
-            return name
-        time.sleep(0.1)  # an earlier attempt's echo: wait for this attempt's rank 0
-    raise TimeoutError(f"rank {ranks.rank}: rank 0 did not start within {timeout}")
 
 
 def rank_zero_value(value: Any) -> Any:
