@@ -69,6 +69,7 @@ NOT_CONFIGURED = (
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA
     "gearshift.parallel.process_group",  # several ranks
     "gearshift.parallel.slurm_env",  # srun with several tasks
+    "gearshift.state.restore",  # a resumed run
     "gearshift.observe.wandb_logger",  # logger=wandb
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv

@@ -700,7 +700,9 @@ def build_checkpointer(
     }.items():
         checkpointer.register(name, part)
     if saved is not None:
-        checkpointer.restore(saved)
+        from gearshift.state.restore import restore  # a resumed run only
+
+        restore(checkpointer, saved)
         position.trained = trained.samples  # older checkpoints: counted from their steps
         position.resumed_at = (position.samples, position.trained)
         batches = (

@@ -44,7 +44,8 @@ from gearshift.models.factory import build_model
 from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import CheckpointError, load_checkpoint
-from gearshift.state.checkpointer import ModelState, Saved, load_parts
+from gearshift.state.checkpointer import ModelState, Saved
+from gearshift.state.restore import load_parts
 from gearshift.tasks.metrics import ValidationFailed
 
 log = logging.getLogger("gearshift.evaluate")

@@ -17,7 +17,8 @@ The optimizer part is engine/optim.py's Optimizers: every optimizer's state and 
 lr schedule, in one state dict.
 
 Resuming is the reverse: the job's parts are read once per start (`read_resume`), the build
-takes the decisions it needs from them, and `restore` loads the shards into this run's
+takes the decisions it needs from them, and `restore` (state/restore.py, loaded by a
+resumed run only) loads the shards into this run's
 layout and hands each registered part its own state. The RNG streams come back exactly
 when the world size is the same; on another world size each rank is reseeded from
 (seed, rank, step), since a rank's stream has no counterpart there.
@@ -44,25 +45,20 @@ from torch import nn
 
 from gearshift.config.schema import CheckpointConfig
 from gearshift.engine.failures import TrainingFailed
-from gearshift.engine.optim import OptimizerStateMismatch
-from gearshift.engine.runtime import seed_everything
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import (
     BEST,
     EXTRA,
     CheckpointError,
-    changed_settings,
     checkpoint_path,
     clean_temporaries,
     describe_failure,
     find_resume,
-    from_bytes,
     latest_checkpoint,
     link_checkpoint,
     load_checkpoint,
     publish,
     read_extra,
-    read_metadata,
     rotate,
     temporary,
     to_bytes,
@@ -92,7 +88,7 @@ class Saved:
 
     @property
     def sharded(self) -> bool:
-        """A DCP folder, whose tensors are read by `Checkpointer.restore`."""
+        """A DCP folder, whose tensors are read by state/restore.py `restore`."""
         return self.path.is_dir()
 
     def decision(self, name: str) -> Any:
@@ -196,9 +192,9 @@ class RngState:
             torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def reseed(seed: int, rank: int, step: int) -> None:
-    """Fresh random streams for `rank` resuming at `step` on another world size."""
-    seed_everything(int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0]))
+def is_sharded(part: Stateful | None) -> bool:
+    """Whether `part` is saved through DCP, every rank its own shards."""
+    return part is not None and bool(getattr(part, "sharded", False))
 
 
 # Parts a checkpoint may lack: written before the part existed, or by a run without it.
@@ -250,9 +246,6 @@ class Checkpointer:
         """Save `part` under `name` (None: a part this run does not have)."""
         self.parts[name] = part
 
-    def _sharded(self, name: str, part: Stateful | None) -> bool:
-        return part is not None and bool(getattr(part, "sharded", False))
-
     # ------------------------------------------------------------------ saving
 
     def due(self, step: int, last: bool) -> bool:
@@ -265,7 +258,7 @@ class Checkpointer:
         state: dict[str, Any] = {}
         job: dict[str, Any] = {}
         for name, part in self.parts.items():
-            if self._sharded(name, part):
+            if is_sharded(part):
                 state[name] = part.state_dict()
             elif name in RANK_PARTS:
                 state[f"{name}_{self.ranks.rank}"] = to_bytes(part.state_dict())
@@ -391,114 +384,3 @@ class Checkpointer:
     @property
     def best_path(self) -> str:
         return f"{self.folder.name}/{BEST}"
-
-    # ------------------------------------------------------------------ resuming
-
-    def restore(self, saved: Saved) -> None:
-        """Hand every registered part its state from `saved`, resharded to this run."""
-        if saved.sharded:
-            self._restore_sharded(saved)
-        else:  # an older single file: whole tensors
-            load_parts(saved, self.parts)
-        changed = changed_settings(saved.config, self.config)  # a requeue changes none
-        if self.ranks.is_zero:
-            if changed:  # rank 0 speaks for the job
-                log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
-            self._log_layout(saved)
-        log.info("resumed from %s at step %d", saved.path, saved.state["position"]["step"])
-
-    def _restore_sharded(self, saved: Saved) -> None:
-        import torch.distributed.checkpoint as dcp
-
-        where = f"resume={str(saved.path)!r}"
-        stored = read_metadata(saved.path).state_dict_metadata
-        template: dict[str, Any] = {}
-        for name, part in self.parts.items():
-            if not self._sharded(name, part):
-                continue
-            theirs = {k[len(name) + 1 :]: getattr(m, "size", None) for k, m in stored.items() if k.startswith(f"{name}.")}  # fmt: skip
-            if not theirs and name in OPTIONAL:
-                continue
-            state = part.state_dict()
-            if name in ("model", "ema"):
-                ours = shapes(state)
-                theirs = {k: v for k, v in theirs.items() if v is not None}
-                if (problem := mismatch(ours, theirs)) is not None:
-                    target = saved.config.get("model", {}).get("_target_")
-                    raise CheckpointError(f"{where}: the checkpoint holds another model ({target}): {problem}")  # fmt: skip
-            template[name] = state
-        template |= self._rank_template(saved, stored)
-        try:
-            dcp.load(template, checkpoint_id=str(saved.path))
-        except BaseException as error:  # DCP's CheckpointException is no Exception
-            if isinstance(error, KeyboardInterrupt | SystemExit):
-                raise
-            raise CheckpointError(f"{where}: its state does not fit this run ({describe_failure(error)})") from None  # fmt: skip
-        for name, part in self.parts.items():
-            if part is None:
-                continue
-            if name in template:
-                try:
-                    part.load_state_dict(template[name])
-                except OptimizerStateMismatch as error:
-                    raise CheckpointError(f"{where}: {error}") from None
-            elif f"{name}_{self.ranks.rank}" in template:
-                part.load_state_dict(from_bytes(template[f"{name}_{self.ranks.rank}"]))
-            elif name in RANK_PARTS:
-                step = saved.state["position"]["step"]
-                reseed(int(self.config.get("seed", 0)), self.ranks.rank, step)
-            elif saved.state.get(name) is not None:
-                part.load_state_dict(saved.state[name])
-            elif name == "ema":  # a run that turns the average on: it starts from the weights
-                log.warning("%s holds no weight average: it starts from the resumed weights", saved.path)  # fmt: skip
-                part.load_state_dict(template["model"])
-            elif name not in OPTIONAL:
-                raise CheckpointError(f"{where}: it holds no {name} state")
-
-    def _rank_template(self, saved: Saved, stored: dict[str, Any]) -> dict[str, Any]:
-        """This rank's own RNG stream where the world size is the saved one; none else."""
-        layout = saved.state.get("layout", {})
-        if layout.get("world_size") != self.layout.world_size:
-            return {}
-        names = [f"{name}_{self.ranks.rank}" for name in RANK_PARTS if name in self.parts]
-        return {key: b"" for key in names if key in stored}
-
-    def _log_layout(self, saved: Saved) -> None:
-        was, now = saved.state.get("layout", {}), vars(self.layout)
-        changes = [f"{key.replace('_', ' ')} {was.get(key)} -> {now[key]}" for key in now if was.get(key) != now[key]]  # fmt: skip
-        if not changes:
-            return
-        log.info("resumed on another layout: %s; model and optimizer resharded", ", ".join(changes))
-        if was.get("world_size") != now["world_size"] and "rng" in self.parts:
-            log.info(
-                "resume: the data order is exact (the epoch's remaining samples are dealt to "
-                "%d ranks); the random streams are reseeded from (seed, rank, step), as the "
-                "saved per-rank streams belong to %s ranks",
-                now["world_size"], was.get("world_size"),
-            )  # fmt: skip
-
-
-def load_parts(saved: Saved, parts: dict[str, Stateful | None]) -> None:
-    """Load each part's state from a whole checkpoint (an older single file, or a folder
-    consolidated by load_checkpoint); a part that does not fit ends the run with one line
-    naming the checkpoint."""
-    try:
-        for name, part in parts.items():
-            if part is None:
-                continue
-            if saved.state.get(name) is not None:
-                part.load_state_dict(saved.state[name])
-            elif name == "ema":  # a run that turns the average on: it starts from the weights
-                log.warning("%s holds no weight average: it starts from the resumed weights", saved.path)  # fmt: skip
-                part.load_state_dict(saved.state["model"])
-            elif name not in OPTIONAL:
-                raise CheckpointError(f"it holds no {name} state")
-    except OptimizerStateMismatch as error:
-        raise CheckpointError(f"resume={str(saved.path)!r}: {error}") from None
-    except ModelMismatch as error:
-        target = saved.config.get("model", {}).get("_target_")
-        raise CheckpointError(
-            f"resume={str(saved.path)!r}: the checkpoint holds another model ({target}): {error}"
-        ) from None
-    except CheckpointError as error:
-        raise CheckpointError(f"resume={str(saved.path)!r}: {error}") from None
