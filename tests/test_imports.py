@@ -70,6 +70,7 @@ NOT_CONFIGURED = (
     "gearshift.parallel.process_group",  # several ranks
     "gearshift.parallel.slurm_env",  # srun with several tasks
     "gearshift.state.restore",  # a resumed run
+    "gearshift.config.unknown_keys",  # a command line that fails
     "gearshift.observe.wandb_logger",  # logger=wandb
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv

@@ -30,7 +30,6 @@ from omegaconf.errors import OmegaConfBaseException
 from gearshift.config import ConfigError, check_config
 from gearshift.config.rules import locate
 from gearshift.config.switches import switches_in_words
-from gearshift.config.unknown_keys import describe_unknown_key
 from gearshift.engine.failures import TrainingFailed
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import CheckpointError
@@ -174,6 +173,8 @@ def describe_error(error: Exception, override: str | None, overrides: Sequence[s
         options = GlobalHydra.instance().config_loader().get_group_options(group, overrides=search)
         if options:
             return f"{group}={value!r} is not allowed; choose one of: {', '.join(options)}"
+    from gearshift.config.unknown_keys import describe_unknown_key  # a bad command line only
+
     cause = error.__cause__ or error
     if unknown := describe_unknown_key(cause, [*overrides, *([override] if override else [])]):
         return unknown
