@@ -4,6 +4,9 @@ import pytest
 import torch
 from helpers import seconds
 
+# --dist loadgroup keeps each xdist_group on one worker under pytest 9.2 too (its docstring)
+pytest_plugins = ["xdist_groups"]
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One core per pytest-xdist worker, for its own tensors and for the processes it starts
     # (local_ranks.py and torch read OMP_NUM_THREADS): two workers' thread pools on two cores
