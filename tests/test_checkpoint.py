@@ -296,7 +296,8 @@ def test_a_stop_signal_is_handed_on_after_the_checkpoint_and_a_rerun_resumes(tmp
     assert (run_dir / "handed_over").read_text() == "SIGUSR2 ['step_000000007']"
     assert not (run_dir / "summary.json").exists()
 
-    resumed = run_train(*args, cwd=tmp_path)  # the requeued job: same command, same folder
+    # the requeued job: same command, same folder (run here: the signal is the process's part)
+    resumed = train_in_process(*args, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in (run_dir / "train.log").read_text()
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 12

@@ -7,10 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+import rank_failures
 import torch
 from distributed_workers import count_allreduces, train_recorded, train_sharded
 from helpers import (
@@ -24,10 +26,12 @@ from helpers import (
     run_train,
     seconds,
 )
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 import train
 from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
+from gearshift.local_ranks import FORWARDED_SIGNALS, launch_local
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from train import fit
 
@@ -241,6 +245,30 @@ def test_ranks_that_fail_leave_nothing_in_the_temporary_folder(tmp_path):
     assert left_in(temporary) == []
 
 
+def test_ranks_that_raise_leave_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    # The launcher in this process and its ranks spawned with a `fit` that fails as training
+    # does (the train.py process of it is slow; test_input_..._from_rank_0[task-nproc_per_
+    # node] runs the launcher from train.py, its temporary folder left clean too).
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))  # this process's temporary folder
+    environ = dict(os.environ)  # torch elastic's agent sets variables and signal handlers here
+    handlers = {name: signal.getsignal(signal.Signals[name]) for name in FORWARDED_SIGNALS}
+    cfg = make_cfg("distributed.nproc_per_node=2", "model=mlp")
+    try:
+        os.environ["TMPDIR"] = str(temporary)  # the ranks'
+        with pytest.raises(ChildFailedError) as failed:
+            launch_local(rank_failures.fails_in_training, cfg, tmp_path, None)
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        for name, handler in handlers.items():
+            signal.signal(signal.Signals[name], handler)
+    assert "non-finite loss (NaN or inf) on rank 0" in str(failed.value)
+    # a failed rank's pytorch-errorfile-*.pickle stayed, besides the torchelastic_* folder
+    assert left_in(temporary) == []
+
+
 def one_class_image_folder(folder: Path) -> Path:
     """An image folder with 1 class folder: data.num_classes=10 (the default) is unusable,
     found by the ranks as they build the data."""
@@ -293,9 +321,13 @@ def test_input_the_ranks_find_unusable_is_one_line_from_rank_0(tmp_path, launche
         # the ranks it shows exited 2 and printed nothing but rank 0's line
         assert result.returncode == 1 and "exitcode  : 2" in result.stderr
     else:
-        result = run_train("distributed.nproc_per_node=2", *train, cwd=work)
+        temporary = tmp_path / "tmp"  # the run's system temporary folder
+        temporary.mkdir()
+        env = {"TMPDIR": str(temporary)}
+        result = run_train("distributed.nproc_per_node=2", *train, cwd=work, env=env)
         assert result.returncode == 2
         assert result.stderr.strip() == message.format(tmp=tmp_path)
+        assert left_in(temporary) == []  # torch elastic's torchelastic_* folder too
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [message.format(tmp=tmp_path)], result.stderr[-3000:]
     assert "Traceback" not in result.stderr.split("failed (exitcode")[0]  # none from the ranks
