@@ -26,11 +26,11 @@ from helpers import (
     run_train,
     seconds,
 )
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 import train
 from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
+from gearshift.engine.failures import TrainingFailed
 from gearshift.local_ranks import FORWARDED_SIGNALS, launch_local
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from train import fit
@@ -241,7 +241,9 @@ def test_ranks_that_fail_leave_nothing_in_the_temporary_folder(tmp_path):
         "task._target_=injected.NaNLossAt", "+task.at_step=1",
         cwd=tmp_path, env={"TMPDIR": str(temporary), "PYTHONPATH": with_tests_on_the_path()},
     )  # fmt: skip
-    assert result.returncode != 0 and "non-finite loss" in result.stderr, result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = [line for line in result.stderr.splitlines() if "non-finite loss" in line]
+    assert line.startswith("error: ") and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert left_in(temporary) == []
 
 
@@ -257,14 +259,14 @@ def test_ranks_that_raise_leave_nothing_in_the_temporary_folder(tmp_path, monkey
     cfg = make_cfg("distributed.nproc_per_node=2", "model=mlp")
     try:
         os.environ["TMPDIR"] = str(temporary)  # the ranks'
-        with pytest.raises(ChildFailedError) as failed:
+        with pytest.raises(TrainingFailed) as failed:  # rank 0's line, not elastic's report
             launch_local(rank_failures.fails_in_training, cfg, tmp_path, None)
     finally:
         os.environ.clear()
         os.environ.update(environ)
         for name, handler in handlers.items():
             signal.signal(signal.Signals[name], handler)
-    assert "non-finite loss (NaN or inf) on rank 0" in str(failed.value)
+    assert str(failed.value) == "non-finite loss (NaN or inf) on rank 0"
     # a failed rank's pytorch-errorfile-*.pickle stayed, besides the torchelastic_* folder
     assert left_in(temporary) == []
 

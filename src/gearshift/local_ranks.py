@@ -34,6 +34,7 @@ from omegaconf import DictConfig
 
 from gearshift.config import ConfigError
 from gearshift.data.loading import cpu_count
+from gearshift.engine.failures import TrainingFailed
 from gearshift.parallel.distributed import ranks_from_environment
 from gearshift.state.checkpoint_folders import CheckpointError, latest_checkpoint
 from gearshift.state.preemption import TrainingStopped
@@ -43,6 +44,7 @@ from gearshift.state.preemption import TrainingStopped
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 # A rank's exit code for unusable input (app.EXIT_BAD_CONFIG): rank 0 wrote why in its note.
 EXIT_BAD_INPUT = 2
+EXIT_TRAINING_FAILED = 1  # app.EXIT_TRAINING_FAILED: rank 0 wrote why in its note
 
 
 def launch_local(
@@ -62,9 +64,10 @@ def launch_local(
     with tempfile.TemporaryDirectory(prefix="gearshift-launch-") as scratch:
         stop_note = Path(scratch) / "stopped.json"  # rank 0 writes it when it stops
         error_note = error_note_for(stop_note)  # and this when the input is unusable
+        failed_note = failed_note_for(stop_note)  # and this when training failed
         with (
             _temporary_files_in(scratch),  # torch elastic's log folder and error files too
-            quiet_shutdown(error_note),
+            quiet_shutdown(error_note, failed_note),
         ):
             config = _launch_config(cfg, LaunchConfig)
             try:
@@ -75,6 +78,8 @@ def launch_local(
             except ChildFailedError:
                 if error_note.exists():  # the task says it in one line, exit 2
                     raise ConfigError(error_note.read_text()) from None
+                if failed_note.exists():  # a NaN/inf loss, out of memory: one line, exit 1
+                    raise TrainingFailed(failed_note.read_text()) from None
                 raise
     return results[0]
 
@@ -130,6 +135,11 @@ def error_note_for(stop_note: Path) -> Path:
     return stop_note.with_name("error.txt")
 
 
+def failed_note_for(stop_note: Path) -> Path:
+    """Where rank 0 writes why training failed (TrainingFailed: a NaN/inf loss, OOM)."""
+    return stop_note.with_name("failed.txt")
+
+
 def run_rank(
     fit: Callable[..., Any], cfg: DictConfig, run_dir: str, run_name: str | None, stop_note: str
 ) -> dict[str, Any]:
@@ -137,7 +147,7 @@ def run_rank(
     signal, rank 0 writes its step and checkpoint to `stop_note` for the parent, which
     reports it; every rank exits 128+signal. Unusable input (ConfigError, CheckpointError):
     rank 0 writes the message next to it, for the parent's one line; every rank exits 2
-    without a traceback."""
+    without a traceback. Training that fails (TrainingFailed) alike, with exit 1."""
     ranks = ranks_from_environment()
     handlers: list[logging.Handler] = []
     if ranks.is_zero:
@@ -162,6 +172,10 @@ def run_rank(
             _write_whole(error_note_for(Path(stop_note)), str(error))
         logging.shutdown()  # train.log closed: the parent removes the empty run folder
         raise SystemExit(EXIT_BAD_INPUT) from None
+    except TrainingFailed as failed:
+        if ranks.is_zero:
+            _write_whole(failed_note_for(Path(stop_note)), str(failed))
+        raise SystemExit(EXIT_TRAINING_FAILED) from None
 
 
 def _write_whole(path: Path, text: str) -> None:
@@ -172,15 +186,15 @@ def _write_whole(path: Path, text: str) -> None:
 
 class _ShutdownNotice(logging.Filter):
     """Drops torch elastic's warnings that it got a signal and is closing the ranks, and
-    once rank 0 has noted unusable input, its reports of the ranks' failure: the task says
-    it in its own line."""
+    once rank 0 has noted unusable input or a failed run, its reports of the ranks' failure:
+    the task says it in its own line."""
 
-    def __init__(self, error_note: Path) -> None:
+    def __init__(self, *notes: Path) -> None:
         super().__init__()
-        self.error_note = error_note
+        self.notes = notes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING and self.error_note.exists():
+        if record.levelno >= logging.WARNING and any(note.exists() for note in self.notes):
             return False
         message = str(record.msg)
         return not (
@@ -201,9 +215,9 @@ _ELASTIC_LOGGERS = (
 
 
 @contextlib.contextmanager
-def quiet_shutdown(error_note: Path) -> Iterator[None]:
-    """While inside: `_ShutdownNotice` on torch elastic's loggers."""
-    notice = _ShutdownNotice(error_note)
+def quiet_shutdown(*notes: Path) -> Iterator[None]:
+    """While inside: `_ShutdownNotice` on torch elastic's loggers (`notes`: rank 0's)."""
+    notice = _ShutdownNotice(*notes)
     for name in _ELASTIC_LOGGERS:
         logging.getLogger(name).addFilter(notice)
     try:
