@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import importlib
 import importlib.util
+import logging
 import math
 import os
 import re
@@ -41,7 +42,7 @@ from torch.optim.optimizer import (
 )
 
 from gearshift.build import check_validation, data_batches
-from gearshift.engine.optim import build_schedule
+from gearshift.engine.optim import build_schedule, one_optimizer
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
@@ -639,6 +640,17 @@ def test_an_optimizers_own_keywords_reach_it(tmp_path):
     # its own keywords and the default node's, not RMSprop's defaults (alpha 0.99, momentum 0)
     assert (group["alpha"], group["momentum"], group["weight_decay"]) == (0.95, 0.9, 5e-4)
     assert group["initial_lr"] == 0.05 and not group["centered"]
+
+
+def test_a_class_named_in_a_presets_place_says_the_keywords_it_takes_from_it(caplog):
+    model = torch.nn.Linear(4, 2)
+    with caplog.at_level(logging.INFO, logger="gearshift.engine.optim"):
+        one_optimizer(model, make_cfg().optimizer)  # the preset's own class: nothing to say
+        assert caplog.messages == []
+        one_optimizer(model, make_cfg("optimizer._target_=torch.optim.RMSprop").optimizer)
+    (line,) = caplog.messages
+    assert line.startswith("optimizer: torch.optim.RMSprop in optimizer=sgd's place, with the "
+                           "keywords lr=0.05, momentum=0.9, weight_decay=0.0005"), line  # fmt: skip
 
 
 def test_a_keyword_the_optimizer_does_not_take_is_one_line(tmp_path):

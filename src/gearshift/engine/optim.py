@@ -7,6 +7,7 @@ in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,6 +21,8 @@ from torch.optim.lr_scheduler import LRScheduler
 from gearshift.config.instantiate import accepts, build, plain
 from gearshift.config.rules import locate
 from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
+
+log = logging.getLogger(__name__)
 
 
 def build_optimizers(
@@ -143,7 +146,15 @@ def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Op
     the node's keys but the loop's (OptimizerConfig.keywords)."""
     keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
     params = parameter_groups(model, keywords.get("weight_decay"), optimizer_cfg.weight_decay_1d)
-    return build("optimizer", OptimizerConfig.target(optimizer_cfg), params, keywords)
+    target, preset = OptimizerConfig.target(optimizer_cfg), optimizer_cfg.get("name")
+    if preset in PRESET_CLASSES and target != PRESET_CLASSES[preset]:
+        # a class named in a preset's place takes the preset's keywords too: say which
+        given = ", ".join(f"{key}={value}" for key, value in keywords.items())
+        log.info(
+            "optimizer: %s in optimizer=%s's place, with the keywords %s (null: the class's "
+            "default)", target, preset, given,
+        )  # fmt: skip
+    return build("optimizer", target, params, keywords)
 
 
 def parameter_groups(
