@@ -41,10 +41,11 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from gearshift.build import check_validation, data_batches
-from gearshift.engine.optim import build_schedule, one_optimizer
+from gearshift.build import build_run, check_validation, data_batches
+from gearshift.engine.optim import build_schedule
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
+from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from gearshift.tasks import build_task
 from train import fit
@@ -642,13 +643,16 @@ def test_an_optimizers_own_keywords_reach_it(tmp_path):
     assert group["initial_lr"] == 0.05 and not group["centered"]
 
 
-def test_a_class_named_in_a_presets_place_says_the_keywords_it_takes_from_it(caplog):
-    model = torch.nn.Linear(4, 2)
-    with caplog.at_level(logging.INFO, logger="gearshift.engine.optim"):
-        one_optimizer(model, make_cfg().optimizer)  # the preset's own class: nothing to say
-        assert caplog.messages == []
-        one_optimizer(model, make_cfg("optimizer._target_=torch.optim.RMSprop").optimizer)
-    (line,) = caplog.messages
+def test_a_class_named_in_a_presets_place_says_the_keywords_it_takes_from_it(caplog, tmp_path):
+    def said(*overrides: str) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="gearshift"):
+            cfg = make_cfg("model=mlp", "batch_size=auto", *overrides)  # its probes build too
+            build_run(cfg, tmp_path / str(len(overrides)), Ranks(), "none", torch.device("cpu"))
+        return [m for m in caplog.messages if m.startswith("optimizer:")]
+
+    assert said() == []  # the preset's own class: nothing to say
+    (line,) = said("optimizer._target_=torch.optim.RMSprop")  # once, not per probe
     assert line.startswith("optimizer: torch.optim.RMSprop in optimizer=sgd's place, with the "
                            "keywords lr=0.05, momentum=0.9, weight_decay=0.0005"), line  # fmt: skip
 

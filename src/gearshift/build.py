@@ -32,7 +32,12 @@ from gearshift.data.loading import build_batches, loader_settings, stream_positi
 from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets, stream_length
 from gearshift.engine.failures import TrainingFailed
-from gearshift.engine.optim import Optimizers, build_optimizers, optimizer_label
+from gearshift.engine.optim import (
+    Optimizers,
+    build_optimizers,
+    in_a_presets_place,
+    optimizer_label,
+)
 from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
 from gearshift.engine.runtime import (
     configure_backends,
@@ -587,6 +592,8 @@ def build_run(
     optimizers = (make_optimizers or build_optimizers)(
         model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp", scheduler=cfg.scheduler
     )
+    if ranks.is_zero and (in_place := in_a_presets_place(cfg.optimizer)):
+        log.info(in_place)  # once, here: the batch finder's and the plan's builds say nothing
     best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
         log.warning("early_stop.patience: no validation data to judge by; it stays off")

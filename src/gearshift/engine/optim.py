@@ -7,7 +7,6 @@ in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -21,8 +20,6 @@ from torch.optim.lr_scheduler import LRScheduler
 from gearshift.config.instantiate import accepts, build, plain
 from gearshift.config.rules import locate
 from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
-
-log = logging.getLogger(__name__)
 
 
 def build_optimizers(
@@ -141,20 +138,23 @@ def optimizer_label(optimizer_cfg: DictConfig) -> str:
     return name if name and PRESET_CLASSES.get(name) == target else target
 
 
+def in_a_presets_place(optimizer_cfg: DictConfig) -> str | None:
+    """The start's line for a class named in a preset's place, which takes the preset's
+    keywords too (optimizer=sgd's momentum reaches RMSprop); None for a preset's own class."""
+    target, preset = OptimizerConfig.target(optimizer_cfg), optimizer_cfg.get("name")
+    if preset not in PRESET_CLASSES or target == PRESET_CLASSES[preset]:
+        return None
+    keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
+    given = ", ".join(f"{key}={value}" for key, value in keywords.items())
+    return f"optimizer: {target} in optimizer={preset}'s place, with the keywords {given} (null: the class's default)"
+
+
 def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Optimizer:
     """The class `optimizer._target_` names, built as `cls(parameter groups, **keywords)`:
     the node's keys but the loop's (OptimizerConfig.keywords)."""
     keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
     params = parameter_groups(model, keywords.get("weight_decay"), optimizer_cfg.weight_decay_1d)
-    target, preset = OptimizerConfig.target(optimizer_cfg), optimizer_cfg.get("name")
-    if preset in PRESET_CLASSES and target != PRESET_CLASSES[preset]:
-        # a class named in a preset's place takes the preset's keywords too: say which
-        given = ", ".join(f"{key}={value}" for key, value in keywords.items())
-        log.info(
-            "optimizer: %s in optimizer=%s's place, with the keywords %s (null: the class's "
-            "default)", target, preset, given,
-        )  # fmt: skip
-    return build("optimizer", target, params, keywords)
+    return build("optimizer", OptimizerConfig.target(optimizer_cfg), params, keywords)
 
 
 def parameter_groups(
