@@ -163,9 +163,7 @@ def run_rank(
     except TrainingStopped as stopped:
         if ranks.is_zero and stopped.checkpoint is not None:
             note = {"step": stopped.step, "checkpoint": str(stopped.checkpoint)}
-            partial = Path(stop_note).with_suffix(".partial")
-            partial.write_text(json.dumps(note))
-            partial.replace(stop_note)  # whole or absent
+            _write_whole(Path(stop_note), json.dumps(note))
         raise SystemExit(128 + stopped.signum) from None
     except (ConfigError, CheckpointError) as error:
         if ranks.is_zero:
@@ -179,6 +177,7 @@ def run_rank(
 
 
 def _write_whole(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: the parent reads it once the ranks exit."""
     partial = path.with_suffix(".partial")
     partial.write_text(text)
     partial.replace(path)  # whole or absent
