@@ -21,7 +21,7 @@ from gearshift.app import default_config_dir, preflight
 from gearshift.build import advise_config
 from gearshift.engine.precision import resolve_amp_dtype
 from gearshift.engine.runtime import resolve_device
-from gearshift.models.factory import build_model
+from gearshift.models.factory import build_model, memory_layout
 from gearshift.observe.findings import Finding
 
 
@@ -39,7 +39,7 @@ def amp_dtype_for(cfg: DictConfig, device: torch.device) -> torch.dtype | None:
 
 def build_on_meta(cfg: DictConfig) -> torch.nn.Module:
     """The config's model with its structure and shapes, but no storage behind them."""
-    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    layout = memory_layout(cfg.memory_format.channels_last)
     meta = torch.device("meta")
     with meta:
         return build_model(cfg.model, meta, layout)

@@ -46,7 +46,7 @@ from gearshift.engine.runtime import (
     seed_everything,
 )
 from gearshift.models.blocks import model_blocks
-from gearshift.models.factory import build_model, compile_model, resolve_compile
+from gearshift.models.factory import build_model, compile_model, memory_layout, resolve_compile
 from gearshift.observe.findings import Finding, Nodes, advise, log_findings
 from gearshift.observe.loss_watch import LossWatch, nonfinite_message
 from gearshift.observe.mfu import MFU
@@ -308,7 +308,7 @@ def build_parts(
     )
     precision = build_precision(cfg, device, strategy, saved)
     channels_last = cfg.memory_format.channels_last  # tip 16: channels_last
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    memory_format = memory_layout(channels_last)
     task = build_task(cfg.task)
     read = FieldReader(task, cfg.data.get("fields"))  # dict samples: the fields `split` reads
     train_set, val_set = build_datasets(cfg.data, device, read.names())  # tips 1, 4, 6
@@ -467,7 +467,7 @@ def data_batches(
     """The source's datasets served as this rank's batches, for a fixed `cfg.batch_size`:
     the data of a run without the run (tests, scripts/bench.py)."""
     train_set, val_set = build_datasets(cfg.data, device)
-    layout = torch.channels_last if cfg.memory_format.channels_last else torch.contiguous_format
+    layout = memory_layout(cfg.memory_format.channels_last)
     return build_batches(
         cfg.data, cfg.dataloader, train_set, val_set, device, cfg.batch_size, cfg.seed,
         cfg.max_steps, layout, rank, world_size,

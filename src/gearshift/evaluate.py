@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -40,7 +39,7 @@ from gearshift.config.checks import RUN_PARTS
 from gearshift.config.schema import Config
 from gearshift.engine.ema import build_ema
 from gearshift.engine.runtime import resolve_device
-from gearshift.models.factory import build_model
+from gearshift.models.factory import build_model, memory_layout
 from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import CheckpointError, load_checkpoint
@@ -160,8 +159,7 @@ def load_model(
     cfg.model.checkpointing = False  # a gear of training; the model is used as it is
     check_config(cfg, uses=frozenset({"model"}))
     device = resolve_device(cfg.device)
-    channels_last = cfg.memory_format.channels_last
-    model = build_model(cfg.model, device, torch.channels_last if channels_last else torch.contiguous_format)  # fmt: skip
+    model = build_model(cfg.model, device, memory_layout(cfg.memory_format.channels_last))
     ema = build_ema(cfg.ema, model)
     saved = Saved(path, checkpoint)
     load_parts(saved, {"model": ModelState(model)})

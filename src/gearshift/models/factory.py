@@ -15,6 +15,11 @@ from gearshift.config.instantiate import instantiate
 from gearshift.config.schema import MODEL_KEYS, CompileConfig
 
 
+def memory_layout(channels_last: bool) -> torch.memory_format:
+    """memory_format.channels_last as torch's format (tip 16), for the model and its inputs."""
+    return torch.channels_last if channels_last else torch.contiguous_format
+
+
 def build_model(
     model_cfg: DictConfig, device: torch.device, memory_format: torch.memory_format
 ) -> nn.Module:
