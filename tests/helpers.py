@@ -31,8 +31,7 @@ import gearshift.config  # noqa: F401  (registers the schema with the ConfigStor
 import train
 from gearshift.data.decode import UnreadableImage
 from gearshift.data.loading import EpochSampler
-from gearshift.engine import precision
-from gearshift.observe import findings
+from gearshift.engine import cpu_probe
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.tasks import Task, build_task
 from train import fit
@@ -214,11 +213,10 @@ def fake_cpu_speed(monkeypatch, speed: float) -> None:
     """The CPU probe reports bf16 and fp16 at `speed` x float32 (0.01: emulated, as on an
     AVX2-only CPU; 1.4: native), so a test is about the resolution, not this machine."""
 
-    def measured(dtype: torch.dtype) -> precision.CpuSpeed:
-        return precision.CpuSpeed(dtype, matmul=speed, conv=speed)
+    def measured(dtype: torch.dtype) -> cpu_probe.CpuSpeed:
+        return cpu_probe.CpuSpeed(dtype, matmul=speed, conv=speed)
 
-    monkeypatch.setattr(precision, "cpu_speed", measured)
-    monkeypatch.setattr(findings, "cpu_speed", measured)  # imported by name there
+    monkeypatch.setattr(cpu_probe, "cpu_speed", measured)  # precision's and the advisor's
 
 
 # What amp=on resolved to -> how its reason begins: measured on a CPU (bf16 always, fp16 where

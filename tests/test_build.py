@@ -10,7 +10,7 @@ from helpers import make_cfg
 
 import gearshift.build
 from gearshift import evaluate
-from gearshift.engine import precision
+from gearshift.engine import cpu_probe
 from gearshift.state import checkpointer
 from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
 from train import fit
@@ -31,11 +31,11 @@ DEFAULT_GEARS = {
 def fake_cpu_probe(monkeypatch, bf16_speed: float) -> None:
     """amp=on's CPU probe, measuring bf16 at `bf16_speed` x float32 (no timing involved)."""
     monkeypatch.setattr(
-        precision,
+        cpu_probe,
         "cpu_speed",
-        lambda dtype: precision.CpuSpeed(dtype, bf16_speed, bf16_speed),
+        lambda dtype: cpu_probe.CpuSpeed(dtype, bf16_speed, bf16_speed),
     )
-    monkeypatch.setattr(precision, "_native", lambda dtype: dtype == torch.bfloat16)
+    monkeypatch.setattr(cpu_probe, "native_kernels", lambda dtype: dtype == torch.bfloat16)
 
 
 def test_the_summarys_gears_are_the_builds_decisions(tmp_path):

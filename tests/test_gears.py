@@ -13,7 +13,7 @@ from helpers import ForwardRecorder, StepCounter, fake_cpu_speed, make_cfg
 from torch import nn
 
 from gearshift.data.loading import build_loader, loader_workers
-from gearshift.engine import precision
+from gearshift.engine import cpu_probe, precision
 from gearshift.engine.optim import Optimizers
 from gearshift.engine.precision import Precision, resolve_amp, resolve_amp_dtype
 from train import fit
@@ -46,7 +46,7 @@ def test_amp_on_picks_bf16_on_a_cpu_where_it_measures_fast_without_a_scaler(monk
 
 def test_amp_on_stays_float32_on_a_cpu_that_emulates_bf16_and_fp16(monkeypatch):
     fake_cpu_speed(monkeypatch, 0.01)  # an AVX2-only CPU: 100x slower than float32
-    monkeypatch.setattr(precision, "_native", lambda dtype: False)
+    monkeypatch.setattr(cpu_probe, "native_kernels", lambda dtype: False)
     choice = resolve_amp("auto", CPU)
     assert choice.dtype is None and choice.name == "off"
     assert choice.reason.startswith("float32: bf16 measured 100x slower than float32")
@@ -64,11 +64,11 @@ def test_amp_on_tolerates_probe_noise_but_not_a_real_slowdown(monkeypatch):
 def test_amp_on_takes_native_fp16_where_bf16_is_slow_if_it_measures_fast(monkeypatch, fp16_speed):
     speeds = {torch.bfloat16: 0.02, torch.float16: fp16_speed}  # an ARM CPU without bf16
     monkeypatch.setattr(
-        precision,
+        cpu_probe,
         "cpu_speed",
-        lambda dtype: precision.CpuSpeed(dtype, speeds[dtype], speeds[dtype]),
+        lambda dtype: cpu_probe.CpuSpeed(dtype, speeds[dtype], speeds[dtype]),
     )
-    monkeypatch.setattr(precision, "_native", lambda dtype: dtype == torch.float16)
+    monkeypatch.setattr(cpu_probe, "native_kernels", lambda dtype: dtype == torch.float16)
     choice = resolve_amp("auto", CPU)
     if fp16_speed > 1:
         assert choice.dtype == torch.float16 and choice.reason.startswith("fp16: measured 1.3x")
@@ -111,21 +111,21 @@ def test_amp_on_trains_in_float32_where_bf16_is_slow_and_says_why(
 
 def test_the_cpu_probe_measures_ratios_once_per_process(monkeypatch):
     timed = []
-    real = precision._fastest_seconds
+    real = cpu_probe._fastest_seconds
 
     def counted(op, **limits):
         timed.append(op)
         return real(op, **limits)
 
-    monkeypatch.setattr(precision, "_fastest_seconds", counted)
-    precision._float32_seconds.cache_clear()
-    precision.cpu_speed.cache_clear()
-    speed = precision.cpu_speed(torch.bfloat16)
+    monkeypatch.setattr(cpu_probe, "_fastest_seconds", counted)
+    cpu_probe._float32_seconds.cache_clear()
+    cpu_probe.cpu_speed.cache_clear()
+    speed = cpu_probe.cpu_speed(torch.bfloat16)
     assert len(timed) == 4  # a matmul and a conv, in float32 and in bf16
     for ratio in (speed.matmul, speed.conv):
         assert math.isfinite(ratio) and ratio > 0
-    assert precision.cpu_speed(torch.bfloat16) is speed and len(timed) == 4  # cached
-    precision.cpu_speed(torch.float16)
+    assert cpu_probe.cpu_speed(torch.bfloat16) is speed and len(timed) == 4  # cached
+    cpu_probe.cpu_speed(torch.float16)
     assert len(timed) == 6  # float32 is timed once for both
 
 
@@ -142,10 +142,10 @@ def test_the_probe_keeps_a_reps_fastest_and_stops_timing_an_op_that_is_conclusiv
 
     # interference (a lost time slice) only slows a rep down: the fastest rep is the op
     interfered, calls = op_taking(0, 0.03, 0.001, 0.03, *[0.03] * 7)
-    assert precision._fastest_seconds(interfered) < 0.02 and len(calls) == 11
+    assert cpu_probe._fastest_seconds(interfered) < 0.02 and len(calls) == 11
     # an emulated dtype's op: three reps past the limit are enough
     emulated, calls = op_taking(*[0.025] * 11)
-    assert precision._fastest_seconds(emulated, give_up_s=0.02) >= 0.025 and len(calls) == 4
+    assert cpu_probe._fastest_seconds(emulated, give_up_s=0.02) >= 0.025 and len(calls) == 4
 
 
 def test_fp16_grad_scaler_skips_a_step_with_inf_gradients_and_counts_it():

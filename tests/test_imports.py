@@ -74,6 +74,7 @@ NOT_CONFIGURED = (
     "gearshift.observe.wandb_logger",  # logger=wandb
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv
+    "gearshift.engine.cpu_probe",  # amp=on on a CPU
 )
 
 

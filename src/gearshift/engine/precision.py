@@ -2,24 +2,19 @@
 
 `amp=on` resolves against the machine it runs on. On CUDA it is bf16 where the GPU supports
 it, else fp16. On a CPU, where bf16 and fp16 kernels are native on some chips and emulated
-(many times slower than float32) on others, it is bf16 if a short probe measures it about
-as fast as float32, else fp16 where the CPU reports native fp16 kernels and the probe
+(many times slower than float32) on others, it is bf16 if a short probe (cpu_probe.py, loaded
+then only) measures it about as fast as float32, else fp16 where the CPU reports native fp16 kernels and the probe
 agrees, else float32 itself. Every choice comes with the reason, for the log and
 summary.json.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from gearshift.engine.optim import Optimizers
@@ -27,13 +22,6 @@ if TYPE_CHECKING:
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 SWITCHES = {"none": "amp=off", "auto": "amp=on", "bfloat16": "amp=bf16", "float16": "amp=fp16"}
 CPU_CANDIDATES = (torch.bfloat16, torch.float16)  # bf16 first: it needs no GradScaler
-# A dtype measured up to this factor slower than float32 counts as just as fast: probe noise.
-NOISE = 1.1
-_REPS = 10
-# A candidate op whose 3 fastest reps are all this much slower than float32, and longer than a
-# time slice a busy machine adds to a rep (so no fast op looks slow), is timed no more.
-_CONCLUSIVE = 10
-_TIME_SLICE_S = 0.02
 
 
 def short_name(dtype: torch.dtype | None) -> str:
@@ -42,90 +30,12 @@ def short_name(dtype: torch.dtype | None) -> str:
     )
 
 
-@dataclass(frozen=True)
-class CpuSpeed:
-    """A dtype's speed on this CPU as a multiple of float32's, for a matmul and a convolution."""
-
-    dtype: torch.dtype
-    matmul: float
-    conv: float
-
-    @property
-    def slowest(self) -> float:
-        return min(self.matmul, self.conv)
-
-    @property
-    def as_fast_as_float32(self) -> bool:
-        return self.slowest * NOISE >= 1
-
-    def describe(self) -> str:
-        """e.g. "measured 1.44x float32 (matmul 2.05x, conv 1.44x)"."""
-        if self.slowest >= 1:
-            overall = f"{self.slowest:.3g}x float32"
-        else:
-            overall = f"{1 / self.slowest:.3g}x slower than float32"
-        return f"measured {overall} (matmul {self.matmul:.3g}x, conv {self.conv:.3g}x)"
-
-
-def _fastest_seconds(op: Callable[[], object], give_up_s: float = math.inf) -> float:
-    """The fastest of up to 10 timed reps after a warm-up; after 3, an op slower than
-    `give_up_s` stops (an emulated dtype: 10-40 ms a rep). Not the median: on a shared
-    machine a rep that loses its core for a time slice (4-16 ms, 100x a fast op) is common,
-    and interference only ever slows a rep down, so the fastest is the op on its own."""
-    op()  # warm-up: oneDNN builds its kernels on the first call
-    times: list[float] = []
-    while len(times) < _REPS and not (len(times) >= 3 and min(times) > give_up_s):
-        start = time.perf_counter()
-        op()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
-def _probe_ops(dtype: torch.dtype) -> tuple[Callable[[], object], Callable[[], object]]:
-    """A 256x256 matmul and a 3x3 convolution (8x32x16x16) in `dtype`."""
-    generator = torch.Generator().manual_seed(0)  # leaves the run's random stream alone
-    a, b, images, weight = (
-        torch.randn(shape, generator=generator).to(dtype)
-        for shape in ((256, 256), (256, 256), (8, 32, 16, 16), (32, 32, 3, 3))
-    )
-    return (lambda: a @ b), (lambda: F.conv2d(images, weight, padding=1))
-
-
-@cache
-def _float32_seconds() -> tuple[float, float]:
-    with torch.inference_mode():
-        return tuple(_fastest_seconds(op) for op in _probe_ops(torch.float32))
-
-
-@cache
-def cpu_speed(dtype: torch.dtype) -> CpuSpeed:
-    """How fast `dtype` runs here against float32; measured once per process (~10 ms, up to
-    ~0.4 s where its kernels are emulated)."""
-    base = _float32_seconds()
-    with torch.inference_mode():
-        seconds = [
-            _fastest_seconds(op, give_up_s=max(_CONCLUSIVE * b, _TIME_SLICE_S))
-            for op, b in zip(_probe_ops(dtype), base, strict=True)
-        ]
-    return CpuSpeed(dtype, base[0] / seconds[0], base[1] / seconds[1])
-
-
-def _native(dtype: torch.dtype) -> bool | None:
-    """Whether oneDNN has native kernels for `dtype` on this CPU (None: cannot tell)."""
-    check = {
-        torch.bfloat16: "_is_mkldnn_bf16_supported",
-        torch.float16: "_is_mkldnn_fp16_supported",
-    }[dtype]
-    try:
-        return bool(getattr(torch.ops.mkldnn, check)())
-    except (AttributeError, RuntimeError):  # a private check: gone in some builds
-        return None
-
-
 def cpu_kernels(dtype: torch.dtype) -> str:
     """What the CPU offers for `dtype`, e.g. "AVX512, native bf16 kernels"."""
+    from gearshift.engine.cpu_probe import native_kernels  # a CPU's amp only
+
     capability = torch.backends.cpu.get_cpu_capability()
-    native = _native(dtype)
+    native = native_kernels(dtype)
     if native is None:
         return capability
     return f"{capability}, {'native' if native else 'emulated'} {short_name(dtype)} kernels"
@@ -147,9 +57,12 @@ def amp_name(dtype: torch.dtype | None) -> str:
 
 
 def _choose_on_cpu() -> AmpChoice:
+    from gearshift.engine.cpu_probe import cpu_speed, native_kernels  # measured here only
+
     rejected = []
     for dtype in CPU_CANDIDATES:
-        if dtype != torch.bfloat16 and not _native(dtype):  # x86 without AVX512-FP16/AMX-FP16
+        # x86 without AVX512-FP16/AMX-FP16 reports none for fp16
+        if dtype != torch.bfloat16 and not native_kernels(dtype):
             rejected.append(f"{short_name(dtype)}: no native kernels reported, not measured")
             continue
         speed = cpu_speed(dtype)

@@ -24,13 +24,7 @@ from itertools import pairwise
 import torch
 from torch import fx, nn
 
-from gearshift.engine.precision import (
-    cpu_kernels,
-    cpu_speed,
-    resolve_amp,
-    resolve_amp_dtype,
-    short_name,
-)
+from gearshift.engine.precision import cpu_kernels, resolve_amp, resolve_amp_dtype, short_name
 from gearshift.models.blocks import recompute_disabled
 from gearshift.models.factory import resolve_compile
 from gearshift.observe.advisor_base import CONV, Finding, Nodes, Subject, named, unwrapped
@@ -59,6 +53,8 @@ def batch_size_multiple_of_8(s: Subject) -> Finding | None:
 def amp_slower_than_fp32(s: Subject) -> Finding | None:
     if s.device.type != "cpu" or s.amp_dtype is None:
         return None
+    from gearshift.engine.cpu_probe import cpu_speed  # amp on a CPU only
+
     speed = cpu_speed(s.amp_dtype)  # amp=on never picks such a dtype: only amp=bf16/fp16 do
     if speed.as_fast_as_float32:
         return None
