@@ -12,7 +12,7 @@ from gearshift.build import planner
 from gearshift.data.loading import build_loader
 from gearshift.data.prefetch import CudaPrefetcher
 from gearshift.data.synthetic import TensorPairs
-from gearshift.observe.mfu import gpu_peak
+from gearshift.observe.gpu_datasheets import gpu_peak
 from train import fit
 
 pytestmark = pytest.mark.gpu

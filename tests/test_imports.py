@@ -75,6 +75,7 @@ NOT_CONFIGURED = (
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv
     "gearshift.engine.cpu_probe",  # amp=on on a CPU
+    "gearshift.observe.gpu_datasheets",  # CUDA, plan=on
 )
 
 

@@ -13,8 +13,9 @@ import train as loop
 from gearshift import build
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
+from gearshift.observe.gpu_datasheets import gpu_peak
 from gearshift.observe.logger_backend import NullLogger
-from gearshift.observe.mfu import compute_dtype, count_flops_per_sample, gpu_peak
+from gearshift.observe.mfu import compute_dtype, count_flops_per_sample
 
 CPU = torch.device("cpu")
 

@@ -436,7 +436,7 @@ class ProfileConfig:
             check_int(node, key, minimum, prefix="profile.")
 
 
-# plan.device: the run's own device (auto), the CPU, or a GPU of observe/mfu.py's table
+# plan.device: the run's own device (auto), the CPU, or a GPU of observe/gpu_datasheets.py's table
 PLAN_DEVICES = (
     "auto", "cpu", "h200", "h200_nvl", "h100", "h100_nvl", "h100_pcie", "a100", "l40s", "l4",
     "a10", "v100", "t4",

@@ -35,7 +35,8 @@ from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import resolve_device
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import instantiate_model
-from gearshift.observe.mfu import GPU_MEMORY, gpu_model, gpu_peak, peak_flops
+from gearshift.observe.gpu_datasheets import GPU_MEMORY, gpu_model, gpu_peak
+from gearshift.observe.mfu import peak_flops
 from gearshift.observe.roofline import Roofline
 from gearshift.tasks import Task, build_task
 
@@ -59,7 +60,7 @@ class Target:
     name: str
     memory_bytes: float
     bandwidth: float  # bytes/s
-    gpu: str | None  # the row of observe/mfu.py's tables; None: the CPU
+    gpu: str | None  # the row of observe/gpu_datasheets.py's tables; None: the CPU
     trace_device: torch.device  # the target where it is here, else the CPU (same bytes)
 
 
@@ -86,7 +87,7 @@ def resolve_target(cfg: DictConfig) -> Target:
                 choices = ", ".join(PLAN_DEVICES[2:])
                 raise ConfigError(
                     f"plan.device=auto is not allowed; {torch.cuda.get_device_name(device)} "
-                    f"is not in observe/mfu.py's table: name the nearest of {choices}"
+                    f"is not in observe/gpu_datasheets.py's table: name the nearest of {choices}"
                 )
             memory = torch.cuda.get_device_properties(device).total_memory
             return Target(gpu, memory, GPU_MEMORY[gpu][1] * 1e12, gpu, device)
