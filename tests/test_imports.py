@@ -76,6 +76,8 @@ NOT_CONFIGURED = (
     "gearshift.observe.csv_logger",  # logger=csv
     "gearshift.engine.cpu_probe",  # amp=on on a CPU
     "gearshift.observe.gpu_datasheets",  # CUDA, plan=on
+    "gearshift.observe.nonfinite",  # a NaN/inf loss or weights
+    "gearshift.config.allowed_types",  # a value of the wrong type
 )
 
 

@@ -48,7 +48,7 @@ from gearshift.engine.runtime import (
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model, compile_model, memory_layout, resolve_compile
 from gearshift.observe.findings import Finding, Nodes, advise, log_findings
-from gearshift.observe.loss_watch import LossWatch, nonfinite_message
+from gearshift.observe.loss_watch import LossWatch
 from gearshift.observe.mfu import MFU
 from gearshift.observe.throughput import PerfMeter
 from gearshift.observe.token_rates import token_summary
@@ -228,6 +228,8 @@ class Run(Parts):
 
     def nonfinite(self, step: int | None) -> str:
         """The line a NaN/inf loss (at `step`) or NaN/inf weights end the run with."""
+        from gearshift.observe.nonfinite import nonfinite_message  # only then
+
         return nonfinite_message(
             step, self.position.step, self.checkpointer.latest(), self.cfg.on_nonfinite
         )

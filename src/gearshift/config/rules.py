@@ -67,7 +67,9 @@ def check_fields(node: DictConfig, description: type, prefix: str) -> None:
         if isinstance(value, DictConfig | ListConfig):
             value = OmegaConf.to_container(value, resolve=True)
         if not _is_a(value, hints[field.name]):
-            fail(prefix + field.name, value, _allowed(hints[field.name]))
+            from gearshift.config.allowed_types import allowed  # bad input only
+
+            fail(prefix + field.name, value, allowed(_options(hints[field.name])))
 
 
 def _options(hint: Any) -> tuple[Any, ...]:
@@ -93,38 +95,6 @@ def _is_a(value: Any, hint: Any) -> bool:
     if hint in (int, float):  # a bool is an int to Python, not to a config
         return isinstance(value, int | hint) and not isinstance(value, bool)
     return isinstance(value, hint)
-
-
-# A field type's name, one and many (a list's items); a bool's values are named instead.
-_NOUNS = {int: ("an integer", "integers"), float: ("a number", "numbers"),
-          str: ("a string", "strings"), bool: ("true or false", "booleans")}  # fmt: skip
-
-
-def _allowed(hint: Any) -> str:
-    """What a field of type `hint` allows: "choose true or false", "choose one of: a, b",
-    "expected an integer or null", "expected a list of numbers or null"."""
-    values, nouns, chosen = [], [], False
-    for option in _options(hint):
-        origin, args = typing.get_origin(option), typing.get_args(option)
-        if option is bool:
-            values += ["true", "false"]
-        elif option is type(None):
-            values.append("null")
-        elif origin is Literal:
-            values, chosen = values + [str(a) for a in args], True
-        elif origin is list:
-            nouns.append("a list of " + _NOUNS[args[0]][1])
-        elif origin is dict:
-            nouns.append("a mapping")
-        else:
-            nouns.append(_NOUNS[option][0])
-    if nouns:
-        return "expected " + _or([*nouns, *values])
-    return "choose one of: " + ", ".join(values) if chosen else "choose " + _or(values)
-
-
-def _or(words: list[str]) -> str:
-    return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
 
 
 def locate(

@@ -4,9 +4,10 @@ for NaN and inf when it is read.
 Each step's loss goes into its own slot of a small device buffer (one in-place add per
 micro-batch, as cheap as the plain running sum it replaces); the log step reads the buffer
 in its one host read, so `on_nonfinite=stop` (the default) names the first non-finite step
-at no extra sync. `on_nonfinite=skip` decides at every optimizer step whether to skip its
-update, so it reads one flag per step (under DDP all ranks agree on it through one small
-collective), as fp16's GradScaler does for its own skips. The terms a task's loss returns
+at no extra sync (the line it ends the run with: nonfinite.py). `on_nonfinite=skip`
+decides at every optimizer step whether to skip its update, so it reads one flag per step
+(under DDP all ranks agree on it through one small collective), as fp16's GradScaler does
+for its own skips. The terms a task's loss returns
 beside it (Task.loss_terms) share the loss's row: summed alike, read in the same read.
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -136,24 +136,3 @@ class LossWatch:
             self.device,
         )  # the max of -step over ranks is the first bad step
         return (int(-first_bad) if first_bad > -NONE else None), not unhealthy
-
-
-def nonfinite_message(
-    bad_step: int | None, step: int, last_checkpoint: Path | None, on_nonfinite: str
-) -> str:
-    """The line a NaN/inf loss (at `bad_step`) or NaN/inf weights (None: the loss was
-    finite; found after `step`) end the run with."""
-    what = (
-        f"non-finite loss (NaN or inf) at step {bad_step}"
-        if bad_step is not None
-        else f"non-finite weights at step {step} (the loss was finite)"
-    )
-    kept = (
-        f"the last good checkpoint: {last_checkpoint}"
-        if last_checkpoint
-        else "no checkpoint was saved before it"
-    )
-    return (
-        f"{what}; stopped (on_nonfinite={on_nonfinite}), {kept}; "
-        "try a lower optimizer.lr, or on_nonfinite=skip to skip such steps' updates"
-    )
