@@ -78,6 +78,7 @@ NOT_CONFIGURED = (
     "gearshift.observe.gpu_datasheets",  # CUDA, plan=on
     "gearshift.observe.nonfinite",  # a NaN/inf loss or weights
     "gearshift.config.allowed_types",  # a value of the wrong type
+    "gearshift.observe.guarded_backend",  # logger=wandb, tensorboard or csv
 )
 
 
