@@ -74,7 +74,9 @@ def run_task(cfg: DictConfig, fit: Fit) -> float:
             summary = fit(cfg, run_dir, run_name).summary
     except (ConfigError, CheckpointError) as error:
         if job_rank() in (None, "0"):  # the job's other ranks: rank 0 speaks for it
-            _remove_empty_run_dir(run_dir)
+            from gearshift.run_endings import remove_empty_run_dir
+
+            remove_empty_run_dir(run_dir)
         _exit(str(error))
     except TrainingFailed as failed:
         _note_in_log_file(f"error: {failed}")
@@ -82,6 +84,8 @@ def run_task(cfg: DictConfig, fit: Fit) -> float:
         raise SystemExit(EXIT_TRAINING_FAILED) from None
     except TrainingStopped as stopped:
         if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for the job
+            from gearshift.run_endings import stop_line
+
             line = stop_line(stopped, hydra_cfg)
             _note_in_log_file(line, logging.WARNING)
             print(line, file=sys.stderr)
@@ -91,18 +95,6 @@ def run_task(cfg: DictConfig, fit: Fit) -> float:
     finally:
         run_lock.release(run_dir)  # the next run of a sweep in this process may be here again
     return objective(summary)
-
-
-def stop_line(stopped: TrainingStopped, hydra_cfg: DictConfig) -> str:
-    """The one line a stopped run ends with: the signal, the step, the checkpoint, and the
-    command that resumes it (resume=auto in the same run folder)."""
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        again = f"run the same sweep with hydra.sweep.dir={hydra_cfg.sweep.dir}"
-    else:
-        again = f"run the same command with hydra.run.dir={hydra_cfg.run.dir}"
-    if stopped.checkpoint is None:
-        return f"{stopped}; no checkpoint saved"
-    return f"{stopped}; checkpoint {stopped.checkpoint}; to resume, {again}"
 
 
 def objective(summary: dict) -> float:
@@ -144,24 +136,6 @@ def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:
     if configured is None and hydra_cfg.mode == RunMode.MULTIRUN:
         return Path(hydra_cfg.sweep.dir).name
     return configured
-
-
-def _remove_empty_run_dir(run_dir: Path) -> None:
-    """Drop a run folder that holds nothing but what Hydra wrote before the task began,
-    and the folders above it (runs/, multirun/<date>/) that it leaves empty."""
-    leftovers = {p.name for p in run_dir.iterdir()} - {".hydra", "train.log", run_lock.LOCK_FILE}
-    if leftovers:
-        return
-    logging.shutdown()  # close train.log before removing it
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cwd = Path.cwd().resolve()
-    for parent in run_dir.resolve().parents:
-        if cwd not in parent.parents:
-            break
-        try:
-            parent.rmdir()  # only when empty
-        except OSError:
-            break
 
 
 def describe_error(error: Exception, override: str | None, overrides: Sequence[str] = ()) -> str:
