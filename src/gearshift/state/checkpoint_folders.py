@@ -141,18 +141,6 @@ def rotate(folder: Path, keep: int) -> None:
         shutil.rmtree(path) if is_folder else path.unlink(missing_ok=True)
 
 
-def describe_failure(error: BaseException) -> str:
-    """One line for what failed in a DCP save or load (its CheckpointException carries
-    each failed rank's own exception)."""
-    failures = getattr(error, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank, (cause, _) = sorted(failures.items(), key=lambda item: item[0])[0]
-        lines = str(cause).strip().splitlines() or [""]
-        return f"rank {rank}: {type(cause).__name__}: {lines[0]}"
-    lines = str(error).strip().splitlines() or [""]
-    return f"{type(error).__name__}: {lines[0]}"
-
-
 def to_bytes(state: Any) -> bytes:
     """A non-tensor part as one opaque object in a DCP checkpoint (torch.save format)."""
     buffer = io.BytesIO()

@@ -51,7 +51,6 @@ from gearshift.state.checkpoint_folders import (
     EXTRA,
     checkpoint_path,
     clean_temporaries,
-    describe_failure,
     find_resume,
     latest_checkpoint,
     link_checkpoint,
@@ -316,13 +315,10 @@ class Checkpointer:
             raise self._failed(path, error) from None
 
     def _failed(self, path: Path, error: BaseException) -> CheckpointWriteFailed:
-        """The one line a failed write ends the run with (the run's checkpoints stay as
-        they were: the torn folder is temporary, removed by the next save)."""
-        how = "checkpoint.async_save: writing" if self.async_save else "writing checkpoint"
-        return CheckpointWriteFailed(
-            f"{how} {path} failed ({describe_failure(error)}); the newest complete "
-            f"checkpoint is {self.latest()}"
-        )
+        """The one line a failed write ends the run with."""
+        from gearshift.state.checkpoint_failures import write_failure  # a failed write only
+
+        return CheckpointWriteFailed(write_failure(path, error, self.async_save, self.latest()))
 
     def close(self, quiet: bool = False) -> None:
         """The end of the run: wait for the last write (`quiet`: the run already fails, so

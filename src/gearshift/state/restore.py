@@ -13,7 +13,8 @@ import numpy as np
 
 from gearshift.engine.optim_loading import OptimizerStateMismatch
 from gearshift.engine.runtime import seed_everything
-from gearshift.state.checkpoint_folders import CheckpointError, describe_failure, from_bytes
+from gearshift.state.checkpoint_failures import describe_failure
+from gearshift.state.checkpoint_folders import CheckpointError, from_bytes
 from gearshift.state.checkpoint_reads import ModelMismatch, mismatch, read_metadata, shapes
 from gearshift.state.checkpointer import (
     OPTIONAL,
