@@ -12,7 +12,7 @@ from torchmetrics import Metric
 
 from gearshift.app import objective
 from gearshift.state.best import BestTracker
-from gearshift.state.checkpoint_folders import load_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.state.checkpointer import ModelState
 from gearshift.tasks import Classification
 from train import fit

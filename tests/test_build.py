@@ -12,7 +12,8 @@ import gearshift.build
 from gearshift import evaluate
 from gearshift.engine import cpu_probe
 from gearshift.state import checkpointer
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 SMALL = ("model=mlp", "data.image_size=8", "data.num_val_samples=32")

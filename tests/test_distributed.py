@@ -32,7 +32,8 @@ from gearshift.app import preflight
 from gearshift.data.loading import epoch_order
 from gearshift.engine.failures import TrainingFailed
 from gearshift.local_ranks import FORWARDED_SIGNALS, launch_local
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 TINY_CLI = [

@@ -13,7 +13,8 @@ from torch.optim.optimizer import (
 
 from gearshift.config import ConfigError, check_config
 from gearshift.engine.ema import EMA
-from gearshift.state.checkpoint_folders import checkpoint_path, latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import checkpoint_path, latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 # simple_cnn has BatchNorm: running statistics (floats) and a counter (int64) to copy.

@@ -32,7 +32,7 @@ from gearshift.data.decode import (
 from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.resized import RAW_FILE
 from gearshift.data.staging import staged_path
-from gearshift.state.checkpoint_folders import load_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 NORMALISED = ("data.mean=[0.5,0.4,0.3]", "data.std=[0.2,0.25,0.3]")

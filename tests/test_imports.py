@@ -70,6 +70,9 @@ NOT_CONFIGURED = (
     "gearshift.parallel.process_group",  # several ranks
     "gearshift.parallel.slurm_env",  # srun with several tasks
     "gearshift.state.restore",  # a resumed run
+    "gearshift.state.checkpoint_reads",  # a checkpoint read: resume, evaluate, model.init_from
+    "gearshift.engine.optim_loading",  # a resumed run
+    "gearshift.state.checkpoint_failures",  # a checkpoint save or load that fails
     "gearshift.config.unknown_keys",  # a command line that fails
     "gearshift.observe.wandb_logger",  # logger=wandb
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard

@@ -14,7 +14,8 @@ from test_make_it_yours import COMMAND, TINY, work  # noqa: F401 (a fixture)
 from gearshift.build import Run, build_run
 from gearshift.config import ConfigError
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit, train
 
 CPU = torch.device("cpu")

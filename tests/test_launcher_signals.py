@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from helpers import ROOT, run_train, seconds
 
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 
 STEPS = 60  # far more than run between the first checkpoint and the ranks' SIGSTOP
 TRAIN = [

@@ -46,7 +46,8 @@ from gearshift.engine.optim import build_schedule
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.tasks import build_task
 from train import fit
 

@@ -28,7 +28,7 @@ from test_datasets import write_images
 from gearshift.data.staging import staged_path
 from gearshift.parallel.distributed import Ranks
 from gearshift.parallel.process_group import agree_on_attempt
-from gearshift.state.checkpoint_folders import changed_settings
+from gearshift.state.restore import changed_settings
 
 RUN_ID = "two-nodes"
 STEPS, CHECKPOINT_EVERY, DIE_AT = 12, 4, 6

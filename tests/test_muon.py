@@ -19,7 +19,8 @@ from gearshift.engine.optim import Optimizers, build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 CPU = torch.device("cpu")

@@ -13,7 +13,8 @@ from test_checkpoint import SignalAtStep
 
 from gearshift.build import Trained, epoch_steps
 from gearshift.data.loading import DeviceBatches, EpochSampler, epoch_order
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.state.position import Position
 from gearshift.state.preemption import TrainingStopped
 from train import fit

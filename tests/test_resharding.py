@@ -17,7 +17,8 @@ from distributed_workers import (
 )
 from helpers import make_cfg, on_ranks, recording_epoch_samples
 
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 # AdamW: two moments per parameter (and a step count) that must come back resharded

@@ -23,7 +23,7 @@ from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import ImageDecoder
 from gearshift.data.shards import INDEX, ShardSamples, read_members
-from gearshift.state.checkpoint_folders import load_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 
 _script = load_script("make_shards")
 make_shards, make_shards_main = _script.make_shards, _script.main

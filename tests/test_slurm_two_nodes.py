@@ -24,7 +24,8 @@ from test_slurm import (  # noqa: F401  (slurm_cluster: the session's cluster fi
     wait_for,
 )
 
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 
 # one worker runs the SLURM tests, so they do not compete for the cluster's two nodes
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]

@@ -18,7 +18,8 @@ from torch.utils.data import IterableDataset
 
 from gearshift.config import ConfigError
 from gearshift.data.streams import EpochOrder, Stream, build_stream_batches
-from gearshift.state.checkpoint_folders import latest_checkpoint, load_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.state.preemption import TrainingStopped
 from train import fit
 

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_leaves
 from gearshift.config import ConfigError
 from gearshift.config.schema import BatchSizeFinderConfig
 from gearshift.data.loading import to_device
-from gearshift.engine.optim import build_optimizers
+from gearshift.engine.optim import Optimizers, build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model
 from gearshift.parallel.distributed import gather_sum_max
@@ -255,6 +255,17 @@ def _storage_bytes(tensors) -> int:
     return sum(storages.values())
 
 
+def _state_tensors(optimizers: Optimizers) -> list[torch.Tensor]:
+    """The optimizers' state tensors (moments, momentum buffers), for memory accounting."""
+    return [
+        t
+        for optimizer in optimizers.optimizers
+        for state in optimizer.state.values()
+        for t in state.values()
+        if torch.is_tensor(t)
+    ]
+
+
 @dataclass
 class MemoryModel:
     """Peak bytes of a training step at batch size n: held + max(fwd/bwd(n), step(n))."""
@@ -286,7 +297,7 @@ def measure_cpu_memory(
     cpu = torch.device("cpu")
     probe = _Probe(model_cfg, optimizer_cfg, task, cpu, precision_dtype, memory_format)
     probe.steps(sizes[0], count=1)  # allocates the optimizer state
-    state = probe.optimizers.state_tensors()
+    state = _state_tensors(probe.optimizers)
     held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
     (fb0, step0), (fb1, step1) = (measure_step_memory(probe, n) for n in sizes)
 
@@ -307,7 +318,7 @@ def tracked_step_peak(
         cpu = torch.device("cpu")
         probe = _Probe(model_cfg, optimizer_cfg, task, cpu, precision_dtype, memory_format)
         probe.steps(batch_size, count=1)  # allocates the optimizer state
-        state = probe.optimizers.state_tensors()
+        state = _state_tensors(probe.optimizers)
         held = _storage_bytes([*probe.model.parameters(), *probe.model.buffers(), *state])
         return int(held + max(measure_step_memory(probe, batch_size)))
 

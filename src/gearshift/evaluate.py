@@ -42,7 +42,8 @@ from gearshift.engine.runtime import resolve_device
 from gearshift.models.factory import build_model, memory_layout
 from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint_folders import CheckpointError, load_checkpoint
+from gearshift.state.checkpoint_folders import CheckpointError
+from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.state.checkpointer import ModelState, Saved
 from gearshift.state.restore import load_parts
 from gearshift.tasks.metrics import ValidationFailed

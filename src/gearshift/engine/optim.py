@@ -283,16 +283,6 @@ class Optimizers:
         for schedule in self.schedules:
             schedule.step()
 
-    def state_tensors(self) -> list[torch.Tensor]:
-        """The optimizers' state tensors (moments, momentum buffers), for memory accounting."""
-        return [
-            t
-            for optimizer in self.optimizers
-            for state in optimizer.state.values()
-            for t in state.values()
-            if torch.is_tensor(t)
-        ]
-
     def state_dict(self) -> dict[str, Any]:
         """{"state": by parameter name, "param_groups": ..., "schedules": [...]}; under FSDP
         this rank's shards. An optimizer without state yet saves none."""
@@ -305,50 +295,6 @@ class Optimizers:
         """What `state_dict` saved (a DCP load: this rank's shards; a consolidated one: whole
         tensors), or an older single file's: torch's own state dict of one optimizer, keyed
         by position, with no schedules in it."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-        from torch.distributed.tensor import DTensor
+        from gearshift.engine.optim_loading import load_optimizers_state  # resuming
 
-        state = dict(state)
-        schedules = state.pop("schedules", None)
-        if not keyed_by_name(state):
-            self._load_by_position(state)
-        else:
-            values = [v for s in state.get("state", {}).values() for v in s.values()]
-            whole = self.fsdp and not any(isinstance(v, DTensor) for v in values)
-            options = StateDictOptions(full_state_dict=whole)
-            set_optimizer_state_dict(self.model, self.optimizers, state, options=options)
-        if schedules is not None:
-            if len(schedules) != len(self.schedules):
-                raise OptimizerStateMismatch(
-                    f"its optimizer state holds {len(schedules)} lr schedules, this run "
-                    f"steps {len(self.schedules)}"
-                )
-            for schedule, saved in zip(self.schedules, schedules, strict=True):
-                schedule.load_state_dict(saved)
-
-    def _load_by_position(self, state: dict[str, Any]) -> None:
-        if self.fsdp and state.get("state"):
-            raise OptimizerStateMismatch(
-                "this single-file checkpoint was written without distributed=fsdp (its "
-                "optimizer state is keyed by position); resume it without fsdp"
-            )
-        if len(self.optimizers) != 1:
-            raise OptimizerStateMismatch(
-                f"its optimizer state (keyed by position) is one optimizer's; this run steps "
-                f"{len(self.optimizers)}"
-            )
-        self.optimizers[0].load_state_dict(state)
-
-
-class OptimizerStateMismatch(ValueError):
-    """Saved optimizer state that does not fit this run's optimizers; one line."""
-
-
-def keyed_by_name(state: dict[str, Any]) -> bool:
-    """Whether an optimizer state dict names its parameters (torch.distributed.checkpoint's
-    helpers) rather than numbering them (torch's own `Optimizer.state_dict`)."""
-    groups = state.get("param_groups", [])
-    return any(isinstance(p, str) for group in groups for p in group.get("params", []))
+        load_optimizers_state(self.model, self.optimizers, self.schedules, self.fsdp, state)

@@ -9,7 +9,8 @@ and `resume=auto` never picks a torn one. Temporary folders left by a crashed sa
 read; the next save removes them. `best/` is the best validation so far, written the same way.
 
 Older checkpoints are single files (`step_000000123.pt`, `best.pt`: one `torch.save` by
-rank 0); they still load for resuming, evaluate, export and generate.
+rank 0); they still load for resuming, evaluate, export and generate. Reading a checkpoint
+back: state/checkpoint_reads.py.
 """
 
 from __future__ import annotations
@@ -140,18 +141,6 @@ def rotate(folder: Path, keep: int) -> None:
         shutil.rmtree(path) if is_folder else path.unlink(missing_ok=True)
 
 
-def describe_failure(error: BaseException) -> str:
-    """One line for what failed in a DCP save or load (its CheckpointException carries
-    each failed rank's own exception)."""
-    failures = getattr(error, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank, (cause, _) = sorted(failures.items(), key=lambda item: item[0])[0]
-        lines = str(cause).strip().splitlines() or [""]
-        return f"rank {rank}: {type(cause).__name__}: {lines[0]}"
-    lines = str(error).strip().splitlines() or [""]
-    return f"{type(error).__name__}: {lines[0]}"
-
-
 def to_bytes(state: Any) -> bytes:
     """A non-tensor part as one opaque object in a DCP checkpoint (torch.save format)."""
     buffer = io.BytesIO()
@@ -161,89 +150,3 @@ def to_bytes(state: Any) -> bytes:
 
 def from_bytes(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
-
-def read_metadata(path: Path):
-    """DCP's metadata of the checkpoint folder `path`, its shard files checked: one line
-    for a folder that is no checkpoint or lacks a shard (a torn copy, a deleted file)."""
-    from torch.distributed.checkpoint import FileSystemReader
-
-    where = f"resume={str(path)!r}"
-    if not (path / METADATA).is_file():
-        raise CheckpointError(f"{where}: not a checkpoint folder (no {METADATA}: incomplete or never written)")  # fmt: skip
-    try:
-        metadata = FileSystemReader(str(path)).read_metadata()
-    except Exception as error:
-        raise CheckpointError(f"{where}: unreadable {METADATA} ({error})") from None
-    needed: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        end = info.offset + info.length
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for name, size in sorted(needed.items()):
-        file = path / name
-        if not file.is_file():
-            raise CheckpointError(f"{where}: shard file {name} is missing; the checkpoint is incomplete")  # fmt: skip
-        if file.stat().st_size < size:
-            raise CheckpointError(f"{where}: shard file {name} is cut short ({file.stat().st_size} of {size} bytes)")  # fmt: skip
-    return metadata
-
-
-def read_extra(path: Path) -> dict[str, Any]:
-    """The job's non-tensor parts of a checkpoint folder (config, decisions, position, ...),
-    read in this process alone."""
-    import torch.distributed.checkpoint as dcp
-
-    read_metadata(path)
-    holder: dict[str, Any] = {EXTRA: b""}
-    try:
-        dcp.load(holder, checkpoint_id=str(path), no_dist=True)
-        return from_bytes(holder[EXTRA])
-    except Exception as error:
-        raise CheckpointError(
-            f"resume={str(path)!r}: not a readable checkpoint ({error})"
-        ) from None
-
-
-def load_checkpoint(path: Path, parts: tuple[str, ...] | None = None) -> dict[str, Any]:
-    """A whole checkpoint in this process, consolidated: plain tensors under the parts'
-    names (model, optimizer keyed by parameter name, ema) beside the non-tensor parts; an
-    older single file as it was saved. `parts`: only these sharded parts are read (a
-    folder; evaluate and export need no optimizer state)."""
-    if not path.is_dir():
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:
-            raise CheckpointError(f"resume={str(path)!r}: not a readable checkpoint ({error})") from None  # fmt: skip
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    metadata = read_metadata(path)
-    tops = {key.split(".")[0] for key in metadata.state_dict_metadata}
-    tensors = {t for t in tops if t != EXTRA and not t.startswith("rng_")}
-    if parts is not None:
-        tensors &= set(parts)
-    try:
-        state = _load_state_dict_from_keys(tensors, checkpoint_id=str(path)) if tensors else {}
-    except Exception as error:
-        raise CheckpointError(
-            f"resume={str(path)!r}: not a readable checkpoint ({error})"
-        ) from None
-    return read_extra(path) | state
-
-
-# Where a node keeps its copy of the data: it may differ between nodes and restarts, and
-# changes nothing about the training.
-NODE_LOCAL_SETTINGS = {"data.stage_to"}
-
-
-def changed_settings(saved: dict, now: dict, prefix: str = "") -> list[str]:
-    """`key=old (now new)` for each setting of `now` that differs from the checkpoint's."""
-    changes = []
-    for key in sorted(saved.keys() | now.keys()):
-        old, new = saved.get(key), now.get(key)
-        if f"{prefix}{key}" in NODE_LOCAL_SETTINGS:
-            continue
-        if isinstance(old, dict) and isinstance(new, dict):
-            changes += changed_settings(old, new, f"{prefix}{key}.")
-        elif old != new:
-            changes.append(f"{prefix}{key}={old} (now {new})")
-    return changes

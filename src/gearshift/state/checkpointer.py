@@ -49,16 +49,12 @@ from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import (
     BEST,
     EXTRA,
-    CheckpointError,
     checkpoint_path,
     clean_temporaries,
-    describe_failure,
     find_resume,
     latest_checkpoint,
     link_checkpoint,
-    load_checkpoint,
     publish,
-    read_extra,
     rotate,
     temporary,
     to_bytes,
@@ -98,6 +94,8 @@ class Saved:
 
 def read_state(path: Path) -> dict[str, Any]:
     """What a start reads of the checkpoint at `path`: a folder's job parts, or a file."""
+    from gearshift.state.checkpoint_reads import load_checkpoint, read_extra  # resuming
+
     return read_extra(path) if path.is_dir() else load_checkpoint(path)
 
 
@@ -105,34 +103,6 @@ def read_resume(resume: str | None, folder: Path) -> Saved | None:
     """The checkpoint `resume` names (auto: the newest in `folder`), read once; or None."""
     path = find_resume(resume, folder)
     return None if path is None else Saved(path, read_state(path))
-
-
-class ModelMismatch(CheckpointError):
-    """The saved weights are another model's."""
-
-
-def mismatch(ours: dict[str, torch.Size], theirs: dict[str, torch.Size]) -> str | None:
-    """What differs between two sets of tensor shapes by name, naming the first ones; None
-    when they fit."""
-    missing = sorted(ours.keys() - theirs.keys())
-    unexpected = sorted(theirs.keys() - ours.keys())
-    reshaped = sorted(k for k in ours.keys() & theirs.keys() if tuple(ours[k]) != tuple(theirs[k]))  # fmt: skip
-    if not (missing or unexpected or reshaped):
-        return None
-    first = lambda names: ", ".join(repr(n) for n in names[:2])  # noqa: E731
-    parts = [
-        f"{len(missing)} missing" + (f" ({first(missing)})" if missing else ""),
-        f"{len(unexpected)} unexpected" + (f" ({first(unexpected)})" if unexpected else ""),
-        f"{len(reshaped)} reshaped",
-    ]
-    if reshaped:
-        name = reshaped[0]
-        parts[2] += f" ({first(reshaped)}: {list(theirs[name])}, model {list(ours[name])})"
-    return ", ".join(parts) + " tensors"
-
-
-def shapes(state: dict[str, Any]) -> dict[str, torch.Size]:
-    return {k: v.shape for k, v in state.items() if isinstance(v, torch.Tensor)}
 
 
 class ModelState:
@@ -152,16 +122,9 @@ class ModelState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Sharded state (a DCP load) or a whole one (an older checkpoint, evaluate)."""
-        if (problem := mismatch(shapes(self.model.state_dict()), shapes(state))) is not None:
-            raise ModelMismatch(problem)
-        if not self.fsdp:
-            self.model.load_state_dict(state)
-            return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-        from torch.distributed.tensor import DTensor
+        from gearshift.state.checkpoint_reads import load_model_state
 
-        whole = not any(isinstance(v, DTensor) for v in state.values())
-        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=whole))
+        load_model_state(self.model, state, self.fsdp)
 
 
 class RngState:
@@ -183,13 +146,9 @@ class RngState:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-        kind, keys, *rest = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), *rest))
-        torch.set_rng_state(state["torch"])
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        from gearshift.state.checkpoint_reads import set_rng_state
+
+        set_rng_state(state)
 
 
 def is_sharded(part: Stateful | None) -> bool:
@@ -356,13 +315,10 @@ class Checkpointer:
             raise self._failed(path, error) from None
 
     def _failed(self, path: Path, error: BaseException) -> CheckpointWriteFailed:
-        """The one line a failed write ends the run with (the run's checkpoints stay as
-        they were: the torn folder is temporary, removed by the next save)."""
-        how = "checkpoint.async_save: writing" if self.async_save else "writing checkpoint"
-        return CheckpointWriteFailed(
-            f"{how} {path} failed ({describe_failure(error)}); the newest complete "
-            f"checkpoint is {self.latest()}"
-        )
+        """The one line a failed write ends the run with."""
+        from gearshift.state.checkpoint_failures import write_failure  # a failed write only
+
+        return CheckpointWriteFailed(write_failure(path, error, self.async_save, self.latest()))
 
     def close(self, quiet: bool = False) -> None:
         """The end of the run: wait for the last write (`quiet`: the run already fails, so

@@ -24,7 +24,8 @@ from torch import nn
 from gearshift.config import ConfigError
 from gearshift.models import hf_gpt2
 from gearshift.models.gpt import GPT
-from gearshift.state.checkpoint_folders import METADATA, load_checkpoint
+from gearshift.state.checkpoint_folders import METADATA
+from gearshift.state.checkpoint_reads import load_checkpoint
 
 log = logging.getLogger(__name__)
 

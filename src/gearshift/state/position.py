@@ -76,20 +76,11 @@ class Position:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step, self.epoch, self.samples = state["step"], state["epoch"], state["samples"]
-        # checkpoints written before the position counted samples counted batches
-        saved_batch = state.get("global_batch", self.global_batch)
-        self.epoch_start = state.get("epoch_samples", state.get("batch", 0) * saved_batch)
-        self.batch = 0
-        if self.stream is not None and state.get("stream") is not None:
-            self.stream.load_stream_state(state["stream"])
-        if saved_batch != self.global_batch:
-            log.info(
-                "resumed at sample %d of epoch %d with %d samples per batch over all ranks "
-                "(the checkpoint's run took %d): the epoch's remaining samples are dealt to "
-                "this job's ranks, each trained once",
-                self.epoch_start, self.epoch, self.global_batch, saved_batch,
-            )  # fmt: skip
+        """Back at the saved position, the epoch's remaining samples dealt to this run's
+        global batch."""
+        from gearshift.state.checkpoint_reads import load_position  # resuming
+
+        load_position(self, state)
 
     @property
     def key(self) -> tuple[int, int, int]:

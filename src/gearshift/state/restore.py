@@ -11,25 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from gearshift.engine.optim import OptimizerStateMismatch
+from gearshift.engine.optim_loading import OptimizerStateMismatch
 from gearshift.engine.runtime import seed_everything
-from gearshift.state.checkpoint_folders import (
-    CheckpointError,
-    changed_settings,
-    describe_failure,
-    from_bytes,
-    read_metadata,
-)
+from gearshift.state.checkpoint_failures import describe_failure
+from gearshift.state.checkpoint_folders import CheckpointError, from_bytes
+from gearshift.state.checkpoint_reads import ModelMismatch, mismatch, read_metadata, shapes
 from gearshift.state.checkpointer import (
     OPTIONAL,
     RANK_PARTS,
     Checkpointer,
-    ModelMismatch,
     Saved,
     Stateful,
     is_sharded,
-    mismatch,
-    shapes,
 )
 
 log = logging.getLogger(__name__)
@@ -47,6 +40,25 @@ def restore(checkpointer: Checkpointer, saved: Saved) -> None:
             log.warning("resumed a run trained with other settings: %s", ", ".join(changed))
         _log_layout(checkpointer, saved)
     log.info("resumed from %s at step %d", saved.path, saved.state["position"]["step"])
+
+
+# Where a node keeps its copy of the data: it may differ between nodes and restarts, and
+# changes nothing about the training.
+NODE_LOCAL_SETTINGS = {"data.stage_to"}
+
+
+def changed_settings(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    """`key=old (now new)` for each setting of `now` that differs from the checkpoint's."""
+    changes = []
+    for key in sorted(saved.keys() | now.keys()):
+        old, new = saved.get(key), now.get(key)
+        if f"{prefix}{key}" in NODE_LOCAL_SETTINGS:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += changed_settings(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changes.append(f"{prefix}{key}={old} (now {new})")
+    return changes
 
 
 def _restore_sharded(checkpointer: Checkpointer, saved: Saved) -> None:
