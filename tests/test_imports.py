@@ -56,6 +56,7 @@ NOT_CONFIGURED = (
     "gearshift.config.token_files",  # data=tokens
     "gearshift.state.init_from",  # model.init_from
     "gearshift.data.prefetch",  # CUDA
+    "gearshift.data.host_loader",  # data.on_device=false
     "gearshift.data.gpu_decode",  # data.decode=gpu
     "gearshift.data.decode",  # the image sources
     "gearshift.data.streams",  # IterableDataset sources

@@ -16,7 +16,8 @@ from gearshift.batch_finder import TensorMemory
 from gearshift.build import build_data
 from gearshift.config import ConfigError, check_config
 from gearshift.data.device_transforms import DeviceTransforms
-from gearshift.data.loading import LoaderBatches, to_device
+from gearshift.data.host_loader import LoaderBatches
+from gearshift.data.loading import to_device
 from gearshift.data.prefetch import batch_tensors
 from gearshift.data.sources import build_datasets
 from gearshift.models import SimpleCNN
