@@ -57,6 +57,7 @@ NOT_CONFIGURED = (
     "gearshift.state.init_from",  # model.init_from
     "gearshift.data.prefetch",  # CUDA
     "gearshift.data.host_loader",  # data.on_device=false
+    "gearshift.data.device_transforms",  # device_transforms.*, a source's own, uint8 images
     "gearshift.data.gpu_decode",  # data.decode=gpu
     "gearshift.data.decode",  # the image sources
     "gearshift.data.streams",  # IterableDataset sources
