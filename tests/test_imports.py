@@ -51,6 +51,7 @@ NOT_CONFIGURED = (
     "gearshift.data.text",
     "gearshift.models.gpt",  # model=gpt, model=gpt2
     "gearshift.models.hf_gpt2",
+    "gearshift.models.small",  # model=mlp, model=simple_cnn
     "gearshift.tasks.lm",  # task=lm
     "gearshift.tasks.regression",  # task=regression
     "gearshift.config.token_files",  # data=tokens
