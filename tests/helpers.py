@@ -30,7 +30,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 import gearshift.config  # noqa: F401  (registers the schema with the ConfigStore)
 import train
 from gearshift.data.decode import UnreadableImage
-from gearshift.data.loading import EpochSampler
+from gearshift.data.host_loader import EpochSampler
 from gearshift.engine import cpu_probe
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.tasks import Task, build_task

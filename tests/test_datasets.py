@@ -33,7 +33,7 @@ from torch import nn
 from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import UnreadableImage
-from gearshift.data.loading import build_loader
+from gearshift.data.host_loader import build_loader
 from gearshift.data.staging import stage, staged_path
 from train import fit
 

@@ -12,7 +12,7 @@ from torch.utils.data import Dataset
 
 from gearshift.app import preflight
 from gearshift.config import ConfigError, check_config
-from gearshift.data.loading import build_loader
+from gearshift.data.host_loader import build_loader
 from gearshift.data.synthetic import synthetic_images
 from gearshift.engine.runtime import configure_determinism
 from train import fit

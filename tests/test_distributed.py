@@ -29,7 +29,7 @@ from helpers import (
 
 import train
 from gearshift.app import preflight
-from gearshift.data.loading import epoch_order
+from gearshift.data.loading_base import epoch_order
 from gearshift.engine.failures import TrainingFailed
 from gearshift.local_ranks import FORWARDED_SIGNALS, launch_local
 from gearshift.state.checkpoint_folders import latest_checkpoint

@@ -12,7 +12,7 @@ import torch
 from helpers import ForwardRecorder, StepCounter, fake_cpu_speed, make_cfg
 from torch import nn
 
-from gearshift.data.loading import build_loader, loader_workers
+from gearshift.data.host_loader import build_loader, loader_workers
 from gearshift.engine import cpu_probe, precision
 from gearshift.engine.optim import Optimizers
 from gearshift.engine.precision import Precision, resolve_amp, resolve_amp_dtype
@@ -268,7 +268,7 @@ def test_dataloader_tuned_loads_in_worker_processes():
 def test_auto_workers_on_a_cpu_take_only_the_cores_compute_leaves_free(
     monkeypatch, cpus, threads, ranks, cpu_workers
 ):
-    monkeypatch.setattr("gearshift.data.loading.cpu_count", lambda: cpus)
+    monkeypatch.setattr("gearshift.data.host_loader.cpu_count", lambda: cpus)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
     workers, reason = loader_workers("auto", CPU)

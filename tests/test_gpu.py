@@ -8,7 +8,7 @@ import torch
 from helpers import ForwardRecorder, SyncCounter, check_summary, make_cfg
 from torch import nn
 
-from gearshift.data.loading import build_loader
+from gearshift.data.host_loader import build_loader
 from gearshift.data.synthetic import TensorPairs
 from train import fit
 

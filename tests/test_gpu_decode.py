@@ -21,7 +21,7 @@ from test_checkpoint import assert_same_parameters, stop_and_resume
 from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import centre_square
-from gearshift.data.device_transforms import DeviceTransforms, source_transforms
+from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.gpu_decode import (
     DamagedJpeg,
     DeviceDecodedBatches,
@@ -32,6 +32,7 @@ from gearshift.data.gpu_decode import (
     resize_crop,
 )
 from gearshift.data.loading import to_device
+from gearshift.data.transforms_off import source_transforms
 from train import fit
 
 CPU = torch.device("cpu")

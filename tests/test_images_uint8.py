@@ -29,9 +29,10 @@ from gearshift.data.decode import (
     installed,
     time_decoders,
 )
-from gearshift.data.device_transforms import DeviceTransforms, source_transforms
+from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.resized import RAW_FILE
 from gearshift.data.staging import staged_path
+from gearshift.data.transforms_off import source_transforms
 from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 

@@ -51,11 +51,14 @@ NOT_CONFIGURED = (
     "gearshift.data.text",
     "gearshift.models.gpt",  # model=gpt, model=gpt2
     "gearshift.models.hf_gpt2",
+    "gearshift.models.small",  # model=mlp, model=simple_cnn
     "gearshift.tasks.lm",  # task=lm
     "gearshift.tasks.regression",  # task=regression
     "gearshift.config.token_files",  # data=tokens
     "gearshift.state.init_from",  # model.init_from
     "gearshift.data.prefetch",  # CUDA
+    "gearshift.data.host_loader",  # data.on_device=false
+    "gearshift.data.device_transforms",  # device_transforms.*, a source's own, uint8 images
     "gearshift.data.gpu_decode",  # data.decode=gpu
     "gearshift.data.decode",  # the image sources
     "gearshift.data.streams",  # IterableDataset sources

@@ -16,9 +16,11 @@ from gearshift.batch_finder import TensorMemory
 from gearshift.build import build_data
 from gearshift.config import ConfigError, check_config
 from gearshift.data.device_transforms import DeviceTransforms
-from gearshift.data.loading import LoaderBatches, to_device
+from gearshift.data.host_loader import LoaderBatches
+from gearshift.data.loading import to_device
 from gearshift.data.prefetch import batch_tensors
 from gearshift.data.sources import build_datasets
+from gearshift.data.transforms_off import Untransformed, build_transforms
 from gearshift.models import SimpleCNN
 from gearshift.models.recompute import CheckpointedSequential, apply_activation_checkpointing
 from gearshift.parallel.distributed import Ranks
@@ -79,6 +81,30 @@ def transforms(*overrides: str, memory_format=torch.contiguous_format) -> Device
 def test_transforms_off_hand_the_images_back_as_they_are():
     images = torch.randn(4, 3, 8, 8)
     assert transforms()(images, train=True) is images
+
+
+class WithStage:
+    """A source that left a transform to the device (as the uint8 image sources do)."""
+
+    def __init__(self) -> None:
+        self.device_transforms = {"normalize": False, "hflip": True}
+
+
+def test_transforms_off_hand_batches_back_and_still_turn_uint8_images_into_floats():
+    off = make_cfg().device_transforms
+    layout = torch.channels_last
+    untransformed = build_transforms(off, CPU, layout, 0, dataset=None)
+    assert isinstance(untransformed, Untransformed)
+    pair = (torch.randn(4, 3, 8, 8), torch.zeros(4))
+    assert untransformed.on_batch(pair, train=True) is pair
+    assert untransformed.scaling is None  # nothing to scale: DeviceTransforms not made
+    raw = {"x": torch.full((2, 3, 4, 4), 255, dtype=torch.uint8), "y": torch.zeros(2)}
+    placed = untransformed.on_batch(raw, train=True)  # a source of one's own serving bytes
+    assert torch.equal(placed["x"], torch.ones(2, 3, 4, 4)) and placed["y"] is raw["y"]
+    assert placed["x"].is_contiguous(memory_format=layout)
+    on = make_cfg("device_transforms.normalize=true").device_transforms
+    assert isinstance(build_transforms(on, CPU, layout, 0, dataset=None), DeviceTransforms)
+    assert isinstance(build_transforms(off, CPU, layout, 0, WithStage()), DeviceTransforms)
 
 
 def test_normalize_uses_the_per_channel_mean_and_std():

@@ -12,7 +12,9 @@ from omegaconf import OmegaConf
 from test_checkpoint import SignalAtStep
 
 from gearshift.build import Trained, epoch_steps
-from gearshift.data.loading import DeviceBatches, EpochSampler, epoch_order
+from gearshift.data.host_loader import EpochSampler
+from gearshift.data.loading import DeviceBatches
+from gearshift.data.loading_base import epoch_order
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.state.position import Position

@@ -26,11 +26,11 @@ from torch import nn
 
 from gearshift.config import ConfigError
 from gearshift.config.schema import DistributedConfig
-from gearshift.data.device_transforms import DeviceTransforms, source_transforms
 from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
 from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets, stream_length
+from gearshift.data.transforms_off import Untransformed, build_transforms, describe_transforms
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import (
     Optimizers,
@@ -83,6 +83,7 @@ from gearshift.tasks.metrics import (
 
 if TYPE_CHECKING:  # the optional parts' modules load only where their feature is configured
     from gearshift.batch_finder import BatchSizeChoice
+    from gearshift.data.device_transforms import DeviceTransforms
     from gearshift.engine.ema import EMA
     from gearshift.observe.memory_snapshot import MemoryHistory
     from gearshift.observe.plan import PlanCheck
@@ -107,7 +108,7 @@ class Parts:
     read: FieldReader  # data.fields: the names the task's `split` reads dict samples by
     train_batches: Any  # iterables of batches, with set_epoch(epoch, batch) and len()
     val_batches: Any | None
-    transforms: DeviceTransforms
+    transforms: DeviceTransforms | Untransformed  # device_transforms=off: Untransformed
     model: nn.Module  # the plain model (never wrapped): what checkpoints hold
     ema: EMA | None
     batch_choice: BatchSizeChoice | None
@@ -329,8 +330,8 @@ def build_parts(
         cfg.batch_size = batch_choice.batch_size
     # From here on `cfg` is the run's config: its batch size is a number.
     train, val, data_gears = build_data(cfg, train_set, val_set, device, ranks, memory_format)
-    transforms = DeviceTransforms(  # after the source's own (uint8 batches)
-        cfg.device_transforms, device, memory_format, cfg.seed, source_transforms(train_set)
+    transforms = build_transforms(  # after the source's own (uint8 batches)
+        cfg.device_transforms, device, memory_format, cfg.seed, train_set
     )
     model = build_model(cfg.model, device, memory_format)  # + model.checkpointing
     init_from = cfg.model.get("init_from")
@@ -347,7 +348,7 @@ def build_parts(
         "batch_size": cfg.batch_size,
         "memory_format": "channels_last" if channels_last else "contiguous",
         **data_gears,
-        "device_transforms": DeviceTransforms.describe(cfg.device_transforms),
+        "device_transforms": describe_transforms(cfg.device_transforms),
         "checkpointing": bool(cfg.model.get("checkpointing", False)),
         "cudnn_benchmark": cudnn_benchmark,
         "deterministic": cfg.deterministic,

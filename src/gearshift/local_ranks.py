@@ -33,7 +33,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from gearshift.config import ConfigError
-from gearshift.data.loading import cpu_count
+from gearshift.data.host_loader import cpu_count
 from gearshift.engine.failures import TrainingFailed
 from gearshift.parallel.distributed import ranks_from_environment
 from gearshift.state.checkpoint_folders import CheckpointError, latest_checkpoint

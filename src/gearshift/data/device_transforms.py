@@ -10,6 +10,9 @@ Two stages, in this order: the data source's own (a disk source serving uint8 ba
 device, as `source_transforms`), then the `device_transforms` group's. The random draws of
 the n-th training batch come from a device generator seeded by (seed, n): no host round
 trip, and a run resumed at batch n draws what the uninterrupted run drew (`start_at`).
+
+Loaded when the group or the source switches a transform on (transforms_off.py
+`build_transforms`), or when images arrive as bytes.
 """
 
 from __future__ import annotations
@@ -83,16 +86,6 @@ class DeviceTransforms:
         self.generator = torch.Generator(device=device)
         self.batches = 0  # training batches transformed so far
 
-    @staticmethod
-    def describe(cfg: DeviceTransformsConfig) -> str:
-        """The switched-on transforms, for the summary's gears: e.g. "normalize+hflip+crop4"."""
-        parts = [
-            *(["normalize"] if cfg.normalize else []),
-            *(["hflip"] if cfg.hflip else []),
-            *([f"crop{cfg.crop_padding}"] if cfg.crop_padding else []),
-        ]
-        return "+".join(parts) or "off"
-
     @property
     def active(self) -> bool:
         return bool(self.stages)
@@ -160,8 +153,3 @@ def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tens
     """Mirror a random half of the samples left to right."""
     flip = torch.rand(images.shape[0], device=images.device, generator=generator) < 0.5
     return torch.where(flip[:, None, None, None], images.flip(3), images)
-
-
-def source_transforms(dataset: Any) -> Mapping[str, Any] | None:
-    """The transforms a source left to the device (its `device_transforms` attribute)."""
-    return getattr(dataset, "device_transforms", None)

@@ -9,7 +9,7 @@ entropy rate (the best loss any model can reach) is known.
 `data=tokens` reads token files in nanoGPT's layout (`train.bin`, `val.bin`, a meta file;
 checked by config/token_files.py) through `np.memmap`: window i of a file is its tokens
 `i * block_size` to `(i + 1) * block_size` inclusive, so an epoch predicts every token of
-the file once. The order of the windows is the loader's (data/loading.py `EpochSampler`:
+the file once. The order of the windows is the loader's (data/host_loader.py `EpochSampler`:
 a function of seed and epoch, sharded by rank, able to start mid-epoch).
 """
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gearshift.models.small import MLP, SimpleCNN
-
 if TYPE_CHECKING:
     from gearshift.models.gpt import GPT
+    from gearshift.models.small import MLP, SimpleCNN
 
 __all__ = ["GPT", "MLP", "SimpleCNN"]
 
 
 def __getattr__(name: str) -> object:
-    """`gearshift.models.GPT` (model=gpt's `_target_`) loads its module when first asked
-    for (PEP 562): a run of another model does not import it."""
+    """`gearshift.models.GPT` (model=gpt's `_target_`), `MLP` and `SimpleCNN` (model=mlp's,
+    model=simple_cnn's) load their module when first asked for (PEP 562): a run of another
+    model does not import it."""
     if name == "GPT":
         from gearshift.models.gpt import GPT
 
         return GPT
+    if name in ("MLP", "SimpleCNN"):
+        from gearshift.models import small
+
+        return getattr(small, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from gearshift.data.loading import resolve_num_workers, resolve_pin_memory
+from gearshift.data.host_loader import resolve_num_workers, resolve_pin_memory
 from gearshift.observe.advisor_base import CONV, Finding, Subject, named, unwrapped
 
 

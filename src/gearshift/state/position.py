@@ -1,7 +1,7 @@
 """Where training stands, and the data position a resumed run continues from.
 
 The data position is a count of samples, not of batches: how many of the epoch's
-samples (its `(seed, epoch)` order, data/loading.py `epoch_order`) the whole job has
+samples (its `(seed, epoch)` order, data/loading_base.py `epoch_order`) the whole job has
 trained on. A run resumes at that sample on whatever ranks it comes back with and with
 whatever batch size: the loaders deal the epoch's remaining samples to the new ranks in
 turn, so every sample of the interrupted epoch is trained once, also when the job comes
