@@ -149,6 +149,21 @@ def test_a_pause_between_log_steps_keeps_the_steps_and_leaves_out_its_time():
     assert meter.steady_state().steps == 4
 
 
+def test_a_pause_right_after_a_slow_log_step_leaves_the_next_interval_its_steps_time():
+    # The pause (a validation) starts at the last step's mark, before the slow log step's
+    # read ended and the next interval began: the interval still has its step's time.
+    meter = PerfMeter(torch.device("cpu"), warmup_steps=0)
+    meter.step(samples=10)
+    time.sleep(0.05)  # the log step's read and logging, after the step's mark
+    meter.flush()
+    meter.resume()  # a validation at once, before any step
+    time.sleep(0.002)
+    meter.step(samples=10)
+    interval = meter.flush()
+    assert interval.steps == 1 and interval.seconds >= interval.step_ms[0] / 1000 > 0
+    assert interval.samples_per_sec == 10 / interval.seconds
+
+
 RETURNED: list[torch.Tensor] = []  # AuxTerms's terms, call after call
 
 

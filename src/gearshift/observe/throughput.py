@@ -135,10 +135,12 @@ class PerfMeter:
         else:
             between_ms = lambda a, b: 1000 * (b - a)  # noqa: E731
         paused = sum(between_ms(a, b) for a, b in self._pauses) / 1000
-        interval.seconds = max(0.0, wall - paused)
         interval.step_ms = [
             between_ms(a, b) for marks in self._segments for a, b in pairwise(marks)
         ]
+        # A pause starts at the last step's mark, which may precede the interval's start
+        # (the log step's read, a preempted host): its steps' own time is the floor.
+        interval.seconds = max(wall - paused, sum(interval.step_ms) / 1000)
         self.everything.add(interval)
         if self.steps_done - interval.steps >= self.warmup_steps:
             self.steady.add(self._without_left_out(interval))
