@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import free_port, make_cfg, start_ranks, task_of
+from helpers import ROOT, free_port, make_cfg, start_ranks, task_of
 from test_distributed import two_ranks
 
+from gearshift import batch_finder
 from gearshift.batch_finder import (
     GIB,
     TensorMemory,
@@ -22,6 +23,9 @@ from gearshift.batch_finder import (
     measure_step_memory,
 )
 from gearshift.config import ConfigError, check_config
+from gearshift.evaluate import evaluate_checkpoint
+from gearshift.state.checkpoint_folders import latest_checkpoint
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 CPU = torch.device("cpu")
@@ -192,3 +196,24 @@ def test_a_resumed_run_keeps_the_size_its_checkpoint_trained_with(tmp_path):
     assert resumed["gears"]["batch_size"] == size
     assert resumed["batch_size_finder"]["bound"] == "resumed_checkpoint"
     assert resumed["steps"] == 4
+
+
+def test_batch_size_auto_is_a_decision_kept_beside_the_config_never_written_into_it(
+    tmp_path, monkeypatch
+):
+    cfg = auto_cfg("batch_size_finder.max_memory_gib=0.01", "max_steps=2")
+    result = fit(cfg, tmp_path)
+    size = result.summary["gears"]["batch_size"]
+    assert isinstance(size, int) and size % 8 == 0
+    assert cfg.batch_size == "auto"  # the composed config, as composed
+    saved = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    assert saved["config"]["batch_size"] == "auto" and saved["decisions"]["batch_size"] == size
+    assert saved["position"]["global_batch"] == size
+    # evaluate builds at the size the run trained with, not a search of its own
+    monkeypatch.setattr(batch_finder, "resolve_batch_size", searched)
+    evaluated = evaluate_checkpoint(latest_checkpoint(tmp_path / "checkpoints"), [], ROOT / "conf")
+    assert evaluated["gears"]["batch_size"] == size
+
+
+def searched(*args, **kwargs):
+    raise AssertionError("batch_size=auto searched again")

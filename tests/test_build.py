@@ -4,6 +4,7 @@ checkpoint is read once per start, and a resumed amp=on keeps the dtype it resol
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from helpers import make_cfg
@@ -14,6 +15,7 @@ from gearshift.engine import cpu_probe
 from gearshift.state import checkpointer
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.state.checkpoint_reads import load_checkpoint
+from gearshift.state.checkpointer import Saved
 from train import fit
 
 SMALL = ("model=mlp", "data.image_size=8", "data.num_val_samples=32")
@@ -51,10 +53,8 @@ def test_amp_on_keeps_the_dtype_it_resolved_to_when_the_run_resumes(tmp_path, mo
     first = fit(make_cfg(*SMALL, "amp=on", "max_steps=2"), tmp_path).summary
     assert first["gears"]["amp"] == "bfloat16"
     saved = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
-    assert saved["decisions"]["amp"] == {
-        "dtype": "bfloat16",
-        "reason": first["gears"]["amp_reason"],
-    }
+    assert saved["decisions"] == first["gears"]  # the record summary.json shows
+    assert saved["decisions"]["amp"] == "bfloat16" and saved["config"]["amp"]["dtype"] == "auto"
 
     fake_cpu_probe(monkeypatch, bf16_speed=0.2)  # a busy machine: the probe now says float32
     with caplog.at_level(logging.INFO, logger="gearshift"):
@@ -103,3 +103,9 @@ def test_evaluate_builds_no_optimizer_profiler_mfu_or_advice(tmp_path, monkeypat
     assert built == []
     fit(make_cfg(*SMALL, "max_steps=1"), tmp_path / "train")  # the control: training builds them
     assert set(built) == {*names, "MFU"}
+
+
+def test_a_checkpoint_written_before_the_whole_record_was_kept_still_gives_its_amp():
+    older = Saved(Path("step"), {"decisions": {"amp": {"dtype": "float16", "reason": "why"}}})
+    assert older.decisions == {"amp": "float16", "amp_reason": "why"}
+    assert Saved(Path("step"), {"config": {}}).decisions == {}  # older still: none kept

@@ -34,7 +34,9 @@ CPU = torch.device("cpu")
 def test_prefetch_on_cpu_passes_the_batches_through_untouched():
     cfg = make_cfg("data.on_device=false", "dataloader.prefetch_to_device=true")
     train_set, val_set = build_datasets(cfg.data, CPU)
-    train, val, gears = build_data(cfg, train_set, val_set, CPU, Ranks(), torch.contiguous_format)
+    train, val, gears = build_data(
+        cfg, cfg.batch_size, train_set, val_set, CPU, Ranks(), torch.contiguous_format
+    )
     assert isinstance(train, LoaderBatches) and isinstance(val, LoaderBatches)
     assert gears["prefetch_to_device"] is False
 

@@ -77,9 +77,9 @@ def test_a_resume_with_another_batch_size_trains_each_sample_of_the_epoch_once(
 def test_a_resume_at_another_batch_size_ends_the_schedule_where_the_epochs_end():
     # 512 samples, 2 epochs: 32 steps an epoch at batch 16. Stopped after step 20 (320
     # samples) and resumed at batch 32: the 704 samples left are 22 steps, so 42 in all.
-    cfg = OmegaConf.create({"epochs": 2, "accum": 1, "batch_size": 32})
-    assert epoch_steps(cfg, 16, 1, Trained(step=20, samples=320, per_step=16)) == 42
-    assert epoch_steps(cfg, 16, 1, Trained(step=10, samples=320, per_step=32)) == 32
-    assert epoch_steps(cfg, 16, 1) == 32  # a fresh run: 2 x 16 steps
-    half = OmegaConf.create({"epochs": 2, "accum": 2, "batch_size": 16})  # 2 ranks x 16 x 2
-    assert epoch_steps(half, 16, 2, Trained(step=20, samples=320, per_step=16)) == 20 + 11
+    cfg = OmegaConf.create({"epochs": 2, "accum": 1})  # at 32 samples a step
+    assert epoch_steps(cfg, 16, 32, Trained(step=20, samples=320, per_step=16)) == 42
+    assert epoch_steps(cfg, 16, 32, Trained(step=10, samples=320, per_step=32)) == 32
+    assert epoch_steps(cfg, 16, 32) == 32  # a fresh run: 2 x 16 steps
+    half = OmegaConf.create({"epochs": 2, "accum": 2})  # 2 ranks x 16 x 2: 64 a step
+    assert epoch_steps(half, 16, 64, Trained(step=20, samples=320, per_step=16)) == 20 + 11

@@ -11,11 +11,10 @@ the run's `gears` (summary.json) is the collection of those decisions with their
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,14 +91,40 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
 
 log = logging.getLogger(__name__)
 
-Gears = dict[str, Any]  # decisions by name, with their `*_reason` where there is a choice
+
+class Gears(Mapping[str, Any]):
+    """What the run decided on this machine, by name, each with its `*_reason` where there
+    was a choice (what `amp=on`, `batch_size=auto`, `dataloader.num_workers=auto` and
+    `compile=auto` came to): made once by the builder, read-only after. The config stays
+    as composed; this record is what the run trained with: summary.json's `gears`, and a
+    checkpoint's `decisions`, which a resumed run repeats (`amp=on`'s dtype, the batch size
+    `batch_size=auto` found)."""
+
+    def __init__(self, decided: Mapping[str, Any]) -> None:
+        self._decided = dict(decided)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._decided[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decided)
+
+    def __len__(self) -> int:
+        return len(self._decided)
+
+    def __or__(self, more: Mapping[str, Any]) -> Gears:
+        """A new record: these decisions and `more`."""
+        return Gears({**self._decided, **more})
+
+    def __repr__(self) -> str:
+        return f"Gears({self._decided!r})"
 
 
 @dataclass
 class Parts:
     """What validating a model needs, as built for this machine."""
 
-    cfg: DictConfig  # the run's config, batch_size=auto resolved to a number
+    cfg: DictConfig  # the run's config, as composed (its decisions: `gears`)
     device: torch.device
     ranks: Ranks
     precision: Precision
@@ -113,6 +138,11 @@ class Parts:
     ema: EMA | None
     batch_choice: BatchSizeChoice | None
     gears: Gears
+
+    @property
+    def batch_size(self) -> int:
+        """Each rank's batch: the config's, or the one `batch_size=auto` found."""
+        return self.gears["batch_size"]
 
     def place(self, batch: Any, train: bool = False) -> Any:
         """The batch, whole, on the device in the model's layout (tips 7 and 16:
@@ -255,7 +285,7 @@ class Run(Parts):
             snapshot = self.memory_history.dump()
             self.memory_history.stop()
         return out_of_memory_message(
-            error, step, self.cfg.batch_size, snapshot,
+            error, step, self.batch_size, snapshot,
             amp=self.precision.dtype is not None, checkpointing=self.gears["checkpointing"],
             batch_size_auto=self.batch_choice is not None,
         )  # fmt: skip
@@ -321,15 +351,15 @@ def build_parts(
     if cfg.batch_size == "auto":  # tip 10: batch_size=auto fills the memory
         from gearshift.batch_finder import resolve_batch_size
 
-        resumed_size = saved.config.get("batch_size") if saved else None
         batch_choice = resolve_batch_size(
             cfg.batch_size_finder, cfg.model, cfg.optimizer, task, device, precision.dtype,
-            memory_format, stream_length(train_set), resumed_size, planner(cfg, task),
+            memory_format, stream_length(train_set), resumed_batch_size(saved),
+            planner(cfg, task),
         )  # fmt: skip
-        cfg = copy.deepcopy(cfg)  # the run's config: the composed one stays as composed
-        cfg.batch_size = batch_choice.batch_size
-    # From here on `cfg` is the run's config: its batch size is a number.
-    train, val, data_gears = build_data(cfg, train_set, val_set, device, ranks, memory_format)
+    batch_size = batch_choice.batch_size if batch_choice else cfg.batch_size
+    train, val, data_gears = build_data(
+        cfg, batch_size, train_set, val_set, device, ranks, memory_format
+    )
     transforms = build_transforms(  # after the source's own (uint8 batches)
         cfg.device_transforms, device, memory_format, cfg.seed, train_set
     )
@@ -340,12 +370,12 @@ def build_parts(
 
         init_weights(model, init_from, cfg.model.get("init_strict", True))
     model.train()
-    gears = {
+    gears = Gears({
         "amp": amp_name(precision.dtype),
         "amp_reason": precision.reason,
         "grad_scaler": precision.scaler.is_enabled(),
         "accum": cfg.accum,
-        "batch_size": cfg.batch_size,
+        "batch_size": batch_size,
         "memory_format": "channels_last" if channels_last else "contiguous",
         **data_gears,
         "device_transforms": describe_transforms(cfg.device_transforms),
@@ -354,7 +384,7 @@ def build_parts(
         "deterministic": cfg.deterministic,
         "matmul_precision": cfg.matmul_precision,
         **getattr(train_set, "gears", {}),  # how a disk source reads its images
-    }
+    })  # fmt: skip
     if val is not None:  # a metric that cannot give one number: one line, before any work
         check_validation(cfg, task, model, device, precision, memory_format)
     ema = None
@@ -412,14 +442,14 @@ def build_precision(
 def resolve_amp_on_resume(choice: str, saved: Saved | None) -> AmpChoice | None:
     """The saved run's choice when it, too, asked for `amp=on`: a probe at each restart may
     measure differently on a busy machine, and a run must not change dtype midway."""
-    decided = saved.decision("amp") if saved else None
-    if decided is None:
+    decided = saved.decisions if saved else {}
+    if "amp" not in decided:  # a checkpoint written before its decisions were kept
         return None
-    dtype = {"off": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[decided["dtype"]]
+    dtype = {"off": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[decided["amp"]]
     was = saved.config.get("amp", {}).get("dtype")
     if choice == "auto" and was == "auto":
         log.info("amp=on: %s, as resolved when this run started", amp_name(dtype))
-        return AmpChoice(dtype, decided["reason"])
+        return AmpChoice(dtype, decided["amp_reason"])
     if was == "auto":
         log.info(
             "amp: the checkpoint trained with %s (amp=on); this command's amp wins",
@@ -428,8 +458,17 @@ def resolve_amp_on_resume(choice: str, saved: Saved | None) -> AmpChoice | None:
     return None
 
 
+def resumed_batch_size(saved: Saved | None) -> int | str | None:
+    """The batch size the checkpoint's run trained with: its record's (batch_size=auto's
+    find), else its config's (checkpoints written before the record was kept)."""
+    if saved is None:
+        return None
+    return saved.decisions.get("batch_size", saved.config.get("batch_size"))
+
+
 def build_data(
     cfg: DictConfig,
+    batch_size: int,
     train_set: Any,
     val_set: Any | None,
     device: torch.device,
@@ -441,7 +480,7 @@ def build_data(
     dl, on_device = cfg.dataloader, bool(cfg.data.get("on_device"))
     settings = loader_settings(dl, device, on_device)
     train, val = build_batches(
-        cfg.data, dl, train_set, val_set, device, cfg.batch_size, cfg.seed, cfg.max_steps,
+        cfg.data, dl, train_set, val_set, device, batch_size, cfg.seed, cfg.max_steps,
         memory_format, ranks.rank, ranks.world_size, settings,
     )  # fmt: skip
     prefetch = False
@@ -496,10 +535,6 @@ class Trained:
         return cls(position["step"], samples, per_step)
 
 
-def samples_per_step(cfg: DictConfig, world_size: int) -> int:
-    return cfg.batch_size * world_size * cfg.accum
-
-
 def resized(trained: Trained | None, per_step: int) -> bool:
     """A resume whose optimizer step takes another number of samples than the saved run's
     (other ranks, batch_size or accum): its steps no longer count the same work."""
@@ -507,11 +542,12 @@ def resized(trained: Trained | None, per_step: int) -> bool:
 
 
 def step_budget(
-    cfg: DictConfig, task: Task, world_size: int, trained: Trained | None = None
+    cfg: DictConfig, task: Task, per_step: int, trained: Trained | None = None
 ) -> int | None:
     """The run's last optimizer step when a budget sets it, else None (epochs decide):
-    `max_steps`, or `max_tokens` over the tokens of one optimizer step (batch_size x ranks x
-    accum x the task's tokens per sample), rounded up; with both, whichever ends first.
+    `max_steps`, or `max_tokens` over the tokens of one optimizer step (`per_step` samples:
+    batch size x ranks x accum; times the task's tokens per sample), rounded up; with both,
+    whichever ends first.
     A resume at another samples per step counts the tokens left from those trained."""
     budgets = [cfg.max_steps] if cfg.max_steps else []
     max_tokens = max_tokens_of(cfg)
@@ -521,7 +557,6 @@ def step_budget(
                 f"max_tokens={max_tokens} is not allowed; {type(task).__name__}'s samples "
                 "are not tokens (task=lm's are): use max_steps or epochs"
             )
-        per_step = samples_per_step(cfg, world_size)
         tokens = per_step * task.tokens_per_sample  # a step's
         if resized(trained, per_step):  # the tokens left, from the step the run resumes at
             left = max_tokens - trained.samples * task.tokens_per_sample
@@ -532,12 +567,12 @@ def step_budget(
 
 
 def epoch_steps(
-    cfg: DictConfig, batches_per_epoch: int, world_size: int, trained: Trained | None = None
+    cfg: DictConfig, batches_per_epoch: int, per_step: int, trained: Trained | None = None
 ) -> int:
-    """The optimizer steps of `cfg.epochs` epochs (the schedule's length when epochs decide).
-    A resume at another samples per step: the steps taken, then those of the samples left."""
+    """The optimizer steps of `cfg.epochs` epochs (the schedule's length when epochs decide)
+    at `per_step` samples a step. A resume at another samples per step: the steps taken,
+    then those of the samples left."""
     steps = cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
-    per_step = samples_per_step(cfg, world_size)
     if not resized(trained, per_step):
         return steps
     return trained.step + max(0, math.ceil((steps * per_step - trained.samples) / per_step))
@@ -569,7 +604,8 @@ def build_run(
     parts = build_parts(cfg, ranks, strategy, device, saved)
     cfg, model = parts.cfg, parts.model
     trained = Trained.of(saved)
-    max_steps = step_budget(cfg, parts.task, ranks.world_size, trained)  # before any work
+    per_step = parts.batch_size * ranks.world_size * cfg.accum  # samples an optimizer step takes
+    max_steps = step_budget(cfg, parts.task, per_step, trained)  # before any work
     sampler = None
     sampling = getattr(parts.task, "sampling", None)  # task.sample_every (LM): text samples
     if sampling is not None:
@@ -578,7 +614,7 @@ def build_run(
         sampler = build_sampler(  # a bad prompt too
             sampling, cfg.data, model, cfg.val_every_n_steps, cfg.seed
         )
-    advice = advise_config(cfg, model, device, parts.precision.dtype)  # widths, batch, ...
+    advice = advise_config(cfg, model, device, parts.precision.dtype, parts.batch_size)
     plan = check_plan(parts, ranks) if cfg.plan.check else None  # before the run allocates
     if ranks.is_zero:
         log_findings(advice)
@@ -590,8 +626,9 @@ def build_run(
     forward = compile_model(model, cfg.compile) if compiled else model  # tip 8: torch.compile
     # tip 18: DDP (or FSDP, one unit per block)
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
+    gears = parts.gears | training_gears(cfg, compiled, compile_reason, strategy)
     batches_per_epoch = len(parts.train_batches)
-    total_steps = run_length(cfg, max_steps, batches_per_epoch, ranks, trained)
+    total_steps = run_length(cfg, max_steps, batches_per_epoch, per_step, ranks, trained)
     optimizers = (make_optimizers or build_optimizers)(
         model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp", scheduler=cfg.scheduler
     )
@@ -600,10 +637,11 @@ def build_run(
     best = build_tracker(parts.task, cfg.early_stop)  # best/, early stopping
     if cfg.early_stop.patience is not None and parts.val_batches is None and ranks.is_zero:
         log.warning("early_stop.patience: no validation data to judge by; it stays off")
-    position = Position(global_batch=cfg.batch_size * ranks.world_size)
+    position = Position(global_batch=parts.batch_size * ranks.world_size)
     position.stream = stream_position(parts.train_batches)  # iterable data: its own state
     checkpointer = build_checkpointer(
-        folder, parts, strategy, position, optimizers, best, saved, trained, batches_per_epoch,
+        folder, parts, gears, strategy, position, optimizers, best, saved, trained,
+        batches_per_epoch,
     )  # fmt: skip
     profiler = ProfilerOff()
     if cfg.profile.enabled:  # profile=on
@@ -621,7 +659,6 @@ def build_run(
     )  # fmt: skip
     parameters = sum(t.numel() for t in model.parameters()) / 1e6
     log.info("%s on %s, %.2fM parameters, %d steps", type(model).__name__, device, parameters, total_steps)  # fmt: skip
-    gears = parts.gears | training_gears(cfg, compiled, compile_reason, strategy)
     return Run(
         **vars(parts) | {"gears": gears},
         strategy=strategy, forward=forward, optimizers=optimizers,
@@ -633,12 +670,13 @@ def build_run(
 
 def advise_config(
     cfg: DictConfig, model: nn.Module, device: torch.device,
-    amp_dtype: torch.dtype | str | None = "resolve",
+    amp_dtype: torch.dtype | str | None = "resolve", batch_size: int | str | None = None,
 ) -> list[Finding]:  # fmt: skip
     """The advisor's findings (observe/findings.py) for `cfg`'s nodes, `model` and `device`
-    (amp_dtype: autocast's, if known; "resolve": amp.dtype's on `device`)."""
+    (amp_dtype: autocast's, if known; "resolve": amp.dtype's on `device`; batch_size: the
+    run's, if decided; None: the config's)."""
     nodes = Nodes(
-        batch_size=cfg.batch_size,
+        batch_size=cfg.batch_size if batch_size is None else batch_size,
         cudnn_benchmark=cfg.cudnn_benchmark,
         amp=cfg.amp.dtype,
         data=cfg.data,
@@ -657,7 +695,8 @@ def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
     from gearshift.batch_finder import tracked_step_peak
     from gearshift.observe.plan import PlanCheck, log_plan, make_plan
 
-    cfg = OmegaConf.merge(parts.cfg, {"plan": {"device": "auto", "world_size": ranks.world_size}})
+    plan_of = {"batch_size": parts.batch_size, "plan": {"device": "auto", "world_size": ranks.world_size}}  # fmt: skip
+    cfg = OmegaConf.merge(parts.cfg, plan_of)
     plan = make_plan(cfg, parts.task)
     if ranks.is_zero:
         log_plan(plan)
@@ -671,34 +710,35 @@ def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
 
 
 def run_length(
-    cfg: DictConfig, max_steps: int | None, batches_per_epoch: int, ranks: Ranks,
+    cfg: DictConfig, max_steps: int | None, batches_per_epoch: int, per_step: int, ranks: Ranks,
     trained: Trained | None,
 ) -> int:  # fmt: skip
     """The run's last optimizer step, the schedule's length: the step budget's, else its
     epochs'. A resume at another samples per step says how it recounted them."""
-    total_steps = max_steps or epoch_steps(cfg, batches_per_epoch, ranks.world_size, trained)
-    if resized(trained, samples_per_step(cfg, ranks.world_size)) and ranks.is_zero:
+    total_steps = max_steps or epoch_steps(cfg, batches_per_epoch, per_step, trained)
+    if resized(trained, per_step) and ranks.is_zero:
         log.info(
             "resumed at %d samples a step (the checkpoint's run took %d): the schedule and "
             "any token budget are recounted from the %d samples trained; it ends at step %d",
-            samples_per_step(cfg, ranks.world_size), trained.per_step, trained.samples,
+            per_step, trained.per_step, trained.samples,
             total_steps,
         )  # fmt: skip
     return total_steps
 
 
 def build_checkpointer(
-    folder: Path, parts: Parts, strategy: str, position: Position, optimizers: Optimizers,
-    best: BestTracker, saved: Saved | None, trained: Trained | None, batches_per_epoch: int,
+    folder: Path, parts: Parts, gears: Gears, strategy: str, position: Position,
+    optimizers: Optimizers, best: BestTracker, saved: Saved | None, trained: Trained | None,
+    batches_per_epoch: int,
 ) -> Checkpointer:  # fmt: skip
-    """The checkpointer of the run's parts, each registered under its name; restored from
-    `saved` when the run resumes (and the device transforms' draws moved on to match)."""
+    """The checkpointer of the run's parts, each registered under its name, beside the
+    config as composed and the run's decisions (`gears`); restored from `saved` when the run
+    resumes (and the device transforms' draws moved on to match)."""
     cfg, ranks, model = parts.cfg, parts.ranks, parts.model
     fsdp = strategy == "fsdp"  # each rank saves and loads its own shards (DCP)
     config = OmegaConf.to_container(cfg, resolve=True)
-    amp = {"dtype": parts.gears["amp"], "reason": parts.gears["amp_reason"]}  # amp=on's, kept
     layout = Layout(ranks.world_size, strategy, position.global_batch)
-    checkpointer = Checkpointer(folder, ranks, config, {"amp": amp}, cfg.checkpoint, layout)
+    checkpointer = Checkpointer(folder, ranks, config, dict(gears), cfg.checkpoint, layout)
     for name, part in {
         "position": position,
         "model": ModelState(model, fsdp),

@@ -123,6 +123,9 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
             f"resume={str(path)!r}: the checkpoint was trained for another task "
             f"({trained_for}), not {now}"
         )
+    saved = Saved(path, checkpoint)
+    if cfg.batch_size == "auto":  # the size the run found, not a search of its own
+        cfg.batch_size = saved.decisions.get("batch_size", "auto")
     check_config(cfg, uses=RUN_PARTS)
     device = resolve_device(cfg.device)
     parts = build_parts(cfg, Ranks(), "none", device)
@@ -131,7 +134,6 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
             f"resume={str(path)!r} is not allowed; its data has no validation set: "
             "add one with overrides (e.g. data.num_val_samples=N)"
         )
-    saved = Saved(path, checkpoint)
     load_parts(saved, {"model": ModelState(parts.model)})
     metrics = parts.validation_metrics(parts.model)
     ema_metrics = None
@@ -145,7 +147,7 @@ def evaluate_checkpoint(path: Path, overrides: list[str], config_dir: Path) -> d
         "device": str(device),
         "metrics": metrics,
         "ema_metrics": ema_metrics,
-        "gears": parts.gears,
+        "gears": dict(parts.gears),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def make_summary(
     steps: int,
     samples: tuple[int, int],
     final_loss: float,
-    gears: dict[str, Any],
+    gears: Mapping[str, Any],
     val: dict[str, float | None],
 ) -> dict[str, Any]:
     """summary.json's figures (docs/observing.md: "What a run leaves behind"), reduced over ranks.
@@ -49,7 +50,7 @@ def make_summary(
         "samples": before + int(job_samples),
         "world_size": world_size,
         "device": str(device),
-        "gears": gears,
+        "gears": dict(gears),
         "environment": run_environment(),
         **val,
     }

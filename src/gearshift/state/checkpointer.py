@@ -1,8 +1,9 @@
 """The Checkpointer: the one place that defines what a checkpoint holds.
 
 A checkpoint is the state of every part registered with the Checkpointer, each under its
-own name, beside the run's config, the decisions a resumed run must repeat (what `amp=on`
-resolved to) and the job's layout (world size, strategy, global batch). It is written with
+own name, beside the run's config as composed, its decisions (the record summary.json's
+`gears` shows, which a resumed run repeats: what `amp=on` resolved to, the batch size
+`batch_size=auto` found) and the job's layout (world size, strategy, global batch). It is written with
 torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py), in one
 format for every strategy, a single process included:
 
@@ -87,9 +88,14 @@ class Saved:
         """A DCP folder, whose tensors are read by state/restore.py `restore`."""
         return self.path.is_dir()
 
-    def decision(self, name: str) -> Any:
-        """A decision the saved run made (None for checkpoints written before it was kept)."""
-        return self.state.get("decisions", {}).get(name)
+    @property
+    def decisions(self) -> dict[str, Any]:
+        """The saved run's decisions, as its summary.json's `gears` names them (checkpoints
+        written before the whole record was kept: amp=on's alone; older ones: none)."""
+        kept = self.state.get("decisions", {})
+        if isinstance(kept.get("amp"), dict):  # {"amp": {"dtype", "reason"}}
+            return {"amp": kept["amp"]["dtype"], "amp_reason": kept["amp"]["reason"]}
+        return kept
 
 
 def read_state(path: Path) -> dict[str, Any]:
