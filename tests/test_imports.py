@@ -86,6 +86,7 @@ NOT_CONFIGURED = (
     "gearshift.config.allowed_types",  # a value of the wrong type
     "gearshift.observe.guarded_backend",  # logger=wandb, tensorboard or csv
     "gearshift.run_endings",  # a run stopped, or refused once Hydra made its folder
+    "gearshift.observe.trial_reporter",  # trial.reporter: a run that is a study's trial
 )
 
 
