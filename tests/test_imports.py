@@ -67,6 +67,7 @@ NOT_CONFIGURED = (
     "gearshift.data.staging",  # data.stage_to
     "gearshift.engine.ema",  # ema.decay
     "gearshift.engine.muon",  # optimizer=muon
+    "gearshift.engine.warmup",  # optimizer.lr_warmup_steps before a scheduler._target_
     "gearshift.config.disk_checks",  # the sources read from disk
     "gearshift.observe.attention_probe",  # the advisor, for a model with attention
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA
