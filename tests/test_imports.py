@@ -53,6 +53,7 @@ NOT_CONFIGURED = (
     "gearshift.models.hf_gpt2",
     "gearshift.models.small",  # model=mlp, model=simple_cnn
     "gearshift.tasks.lm",  # task=lm
+    "gearshift.observe.token_rates",  # a task whose samples are tokens (tokens_per_sample)
     "gearshift.tasks.regression",  # task=regression
     "gearshift.config.token_files",  # data=tokens
     "gearshift.state.init_from",  # model.init_from
