@@ -53,6 +53,7 @@ NOT_CONFIGURED = (
     "gearshift.models.hf_gpt2",
     "gearshift.models.small",  # model=mlp, model=simple_cnn
     "gearshift.tasks.lm",  # task=lm
+    "gearshift.observe.token_rates",  # a task whose samples are tokens (tokens_per_sample)
     "gearshift.tasks.regression",  # task=regression
     "gearshift.config.token_files",  # data=tokens
     "gearshift.state.init_from",  # model.init_from
@@ -67,6 +68,7 @@ NOT_CONFIGURED = (
     "gearshift.data.staging",  # data.stage_to
     "gearshift.engine.ema",  # ema.decay
     "gearshift.engine.muon",  # optimizer=muon
+    "gearshift.engine.warmup",  # optimizer.lr_warmup_steps before a scheduler._target_
     "gearshift.config.disk_checks",  # the sources read from disk
     "gearshift.observe.attention_probe",  # the advisor, for a model with attention
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA
@@ -86,6 +88,7 @@ NOT_CONFIGURED = (
     "gearshift.config.allowed_types",  # a value of the wrong type
     "gearshift.observe.guarded_backend",  # logger=wandb, tensorboard or csv
     "gearshift.run_endings",  # a run stopped, or refused once Hydra made its folder
+    "gearshift.observe.trial_reporter",  # trial.reporter: a run that is a study's trial
 )
 
 

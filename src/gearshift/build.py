@@ -50,7 +50,6 @@ from gearshift.observe.findings import Finding, Nodes, advise, log_findings
 from gearshift.observe.loss_watch import LossWatch
 from gearshift.observe.mfu import MFU
 from gearshift.observe.throughput import PerfMeter
-from gearshift.observe.token_rates import token_summary
 from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import (
     Ranks,
@@ -231,11 +230,10 @@ class Run(Parts):
 
     def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
         """What the build decided and measured, for summary.json beside `summary`'s figures:
-        the MFU and tokens/s at its throughput, the token budget, the batch-size finder's
+        the MFU at its throughput, the token budget, the batch-size finder's
         choice and the advice."""
         return {
             **self.mfu.summary(summary["samples_per_sec_per_device"]),
-            **token_summary(summary, self.task.tokens_per_sample),
             "max_tokens": max_tokens_of(self.cfg),
             "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
             "advice": [finding.as_dict() for finding in self.advice],

@@ -15,7 +15,6 @@ from gearshift.engine.optim import Optimizers
 from gearshift.observe.loss_watch import NONE
 from gearshift.observe.summary import make_summary, write_summary
 from gearshift.observe.throughput import Interval, memory_metrics, peak_memory
-from gearshift.observe.token_rates import token_metrics
 from gearshift.parallel.distributed import gather_sum_max
 
 if TYPE_CHECKING:
@@ -58,13 +57,18 @@ def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: boo
     counted = (interval.steps - skipped) * world  # skipped steps' losses are left out
     means = run.losses.means(totals, counted)  # train/loss, then the task's terms
     samples_per_sec = global_samples / interval.seconds
+    tokens: dict[str, float] = {}
+    if run.task.tokens_per_sample is not None:  # task=lm: tokens/s beside samples/s
+        from gearshift.observe.token_rates import token_metrics
+
+        tokens = token_metrics(samples_per_sec, run.task.tokens_per_sample)
     metrics = {
         **means,
         "train/lr": run.optimizers.lr(),
         "perf/samples_per_sec": samples_per_sec,
         **interval.metrics(),
         **run.mfu.metrics(samples_per_sec / world),
-        **token_metrics(samples_per_sec, run.task.tokens_per_sample),
+        **tokens,
         "mem/peak_gib": peak_bytes / 2**30,
         **memory_metrics(run.device),
     }
@@ -83,9 +87,13 @@ def summarize(
         run.meter, run.device, run.ranks.world_size, p.step, p.samples_counted,
         last_loss, run.gears, validation.values,
     )  # fmt: skip
+    if run.task.tokens_per_sample is not None:  # task=lm: tokens beside samples
+        from gearshift.observe.token_rates import token_summary
+
+        summary |= token_summary(summary, run.task.tokens_per_sample)
     ema = run.ema
     summary |= {
-        **run.summary(summary),  # the build's: MFU, tokens/s, budget, batch size, advice
+        **run.summary(summary),  # the build's: MFU, budget, batch size, advice
         "stop_reason": validation.stop_reason,
         "best": run.best.summary(run.checkpointer.best_path),
         "ema": None if ema is None else {"decay": ema.decay, **validation.ema_values},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import torch
 from omegaconf import DictConfig
@@ -20,6 +20,9 @@ from torch.optim.lr_scheduler import LRScheduler
 from gearshift.config.instantiate import accepts, build, plain
 from gearshift.config.rules import locate
 from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
+
+if TYPE_CHECKING:
+    from gearshift.engine.warmup import Warmup
 
 
 def build_optimizers(
@@ -60,7 +63,11 @@ def build_schedule(
     ):
         keywords["total_steps"] = max(1, total_steps - warmup)  # the steps it schedules
     schedule = build("scheduler", target, optimizer, keywords)
-    return Warmup(optimizer, warmup, schedule) if warmup else schedule
+    if not warmup:
+        return schedule
+    from gearshift.engine.warmup import Warmup  # lr_warmup_steps before the class's schedule
+
+    return Warmup(optimizer, warmup, schedule)
 
 
 class Builtin:
@@ -94,40 +101,8 @@ class Builtin:
         self.last_epoch = state["last_epoch"]
 
 
-class Warmup:
-    """A linear warm-up of every group's lr over `steps` optimizer steps (step k: (k + 1) /
-    steps of the group's peak, its initial_lr), then `schedule` from its own first step:
-    the lr it set when built comes back, and each later step is its step."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, steps: int, schedule: LRScheduler):
-        self.optimizer, self.steps, self.schedule = optimizer, steps, schedule
-        self.after = [group["lr"] for group in optimizer.param_groups]  # the schedule's first
-        self.step_count = 0
-        self._warm()
-
-    def _warm(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * (self.step_count + 1) / self.steps
-
-    def step(self) -> None:
-        self.step_count += 1
-        if self.step_count < self.steps:
-            self._warm()
-        elif self.step_count == self.steps:  # a chained schedule goes on from its own lr
-            for group, lr in zip(self.optimizer.param_groups, self.after, strict=True):
-                group["lr"] = lr
-        else:
-            self.schedule.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step_count": self.step_count, "schedule": self.schedule.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step_count = state["step_count"]
-        self.schedule.load_state_dict(state["schedule"])
-
-
-Schedule = LRScheduler | Builtin | Warmup
+# a string: Warmup (engine/warmup.py) loads only where build_schedule uses it
+Schedule: TypeAlias = "LRScheduler | Builtin | Warmup"
 
 
 def optimizer_label(optimizer_cfg: DictConfig) -> str:

@@ -16,8 +16,6 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from gearshift.observe.token_rates import token_rows
-
 
 def progress_bar(enabled: bool) -> Progress:
     # No background refresh: the loop refreshes at log steps, so the bar costs nothing between.
@@ -67,10 +65,15 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
     mib = summary["peak_memory_bytes"] / 2**20
+    tokens = []
+    if "tokens_per_sec" in summary:  # a task whose samples are tokens
+        from gearshift.observe.token_rates import token_rows
+
+        tokens = token_rows(summary, _fmt)
     rows = [
         ("samples/s", _fmt(summary["samples_per_sec"])),
         ("samples/s per device", _fmt(summary["samples_per_sec_per_device"])),
-        *token_rows(summary, _fmt),
+        *tokens,
         ("step time (median)", f"{summary['step_time_ms']:.2f} ms"),
         ("data wait", f"{summary['data_wait_pct']:.1f} %"),
         ("MFU", f"{summary['mfu']:.1%}" if summary.get("mfu") is not None else "n/a"),
