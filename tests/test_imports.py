@@ -85,7 +85,8 @@ NOT_CONFIGURED = (
     "gearshift.observe.nonfinite",  # a NaN/inf loss or weights
     "gearshift.config.allowed_types",  # a value of the wrong type
     "gearshift.observe.guarded_backend",  # logger=wandb, tensorboard or csv
-    "gearshift.run_endings",  # a run stopped, or refused once Hydra made its folder
+    "gearshift.run_endings",  # a run stopped, or refused; plan=on
+    "gearshift.run_plan",  # batch_size=auto, plan.check=true
 )
 
 
