@@ -60,6 +60,7 @@ def train(run: Run, run_dir: Path, run_name: str | None) -> RunResult:
     accum, non_blocking = cfg.accum, run.gears["non_blocking"]
     clip, set_to_none = cfg.optimizer.clip_grad_norm, cfg.optimizer.set_to_none
     log_every, val_every = cfg.log_every_n_steps, cfg.val_every_n_steps
+    always_logged = (cfg.warmup_steps, run.total_steps)  # the warm-up's end, the last step
     max_steps = run.max_steps or math.inf  # a step budget (max_steps, max_tokens) wins over epochs
     max_epochs = math.inf if run.max_steps else cfg.epochs
     validation = Validation(run)  # the metrics, best/, early stopping, a study's pruner
@@ -70,7 +71,7 @@ def train(run: Run, run_dir: Path, run_name: str | None) -> RunResult:
         return p.step >= max_steps or epochs >= max_epochs or validation.stopped
 
     def logs_at(step: int) -> bool:
-        return step % log_every == 0 or step in (cfg.warmup_steps, run.total_steps)
+        return step % log_every == 0 or step in always_logged
 
     if (done := finished_summary(run_dir, finished(), run.total_steps)) is not None:
         return RunResult(model, optimizers, done, Interval())

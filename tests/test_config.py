@@ -235,7 +235,8 @@ def test_a_bad_value_inside_a_sweep_stops_the_sweep_before_it_starts(tmp_path):
     ],
 )
 def test_true_and_false_switch_a_switch_group_on_and_off(monkeypatch, given, worded):
-    monkeypatch.setattr("gearshift.app._plan", lambda cfg: None)  # plan=on: no plan here
+    # plan=on: no plan here
+    monkeypatch.setattr("gearshift.run_endings.print_plan", lambda cfg, rank: None)
     argv = list(given)
     preflight(CONF, argv=argv)  # rewritten in place: Hydra parses what preflight checked
     assert argv[: len(worded)] == worded

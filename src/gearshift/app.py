@@ -13,7 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +21,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import IntervalSweep, Override
-from hydra.errors import HydraException, MissingConfigException
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
-from gearshift.config.rules import locate
+from gearshift.config.rules import is_searchpath, locate
 from gearshift.config.switches import switches_in_words
 from gearshift.engine.failures import TrainingFailed
 from gearshift.state import run_lock
@@ -40,9 +40,6 @@ log = logging.getLogger(__name__)
 # train.py's `fit(cfg, run_dir, run_name)`: trains, returns a result with the run's summary
 Fit = Callable[[DictConfig, Path, "str | None"], Any]
 
-EXIT_BAD_CONFIG = 2
-# Set by `python -m gearshift.torchrun`: rank 0 writes its one line there for the launcher
-ERROR_NOTE = "GEARSHIFT_ERROR_NOTE"
 EXIT_TRAINING_FAILED = 1  # a NaN/inf loss, out of memory: one line says why and what next
 # Hydra flags after which preflight steps aside: they print, or point at other configs.
 _HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
@@ -138,35 +135,18 @@ def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:
     return configured
 
 
-def describe_error(error: Exception, override: str | None, overrides: Sequence[str] = ()) -> str:
-    """One line out of Hydra's and OmegaConf's multi-line messages."""
-    if isinstance(error, MissingConfigException) and override and "=" in override:
-        group, value = override.split("=", 1)
-        group = group.lstrip("+~")
-        search = [o for o in overrides if _searchpath(o)]  # your folders' options too
-        options = GlobalHydra.instance().config_loader().get_group_options(group, overrides=search)
-        if options:
-            return f"{group}={value!r} is not allowed; choose one of: {', '.join(options)}"
-    from gearshift.config.unknown_keys import describe_unknown_key  # a bad command line only
-
-    cause = error.__cause__ or error
-    if unknown := describe_unknown_key(cause, [*overrides, *([override] if override else [])]):
-        return unknown
-    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
-    first = lines[0] if lines else type(error).__name__
-    return f"{override}: {first}" if override else first
-
-
 def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | None]]:
     """The override lists to compose: the fixed ones, then one per swept value."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     # Hydra's own keys are left to Hydra, but for the search path: it decides what composes
-    fixed = [o for o in fixed if _searchpath(o) or not o.lstrip("+~").startswith("hydra")]
+    fixed = [o for o in fixed if is_searchpath(o) or not o.lstrip("+~").startswith("hydra")]
     variants: list[tuple[list[str], str | None]] = [(fixed, None)]
     for o in parsed:
-        if _hydra_refuses(o):
-            variants.append(([*fixed, f"{_searched(o)}={_a_value(o)}"], o.input_line))
+        if _hydra_refuses(o):  # its key's value checked here; the line refused after
+            from gearshift.run_endings import a_value
+
+            variants.append(([*fixed, f"{_searched(o)}={a_value(o)}"], o.input_line))
             continue
         if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
             try:
@@ -189,20 +169,6 @@ def _hydra_refuses(override: Override) -> bool:
 def _searched(override: Override) -> str:
     """The config key a `hydra.sweeper.params.<key>` override searches."""
     return override.key_or_group.removeprefix(SEARCHED)
-
-
-def _a_value(override: Override) -> Any:
-    """One value a search-space override names: its first choice, an interval's low end."""
-    value = override.value()
-    if isinstance(value, IntervalSweep):
-        return value.start
-    if override.is_sweep_override():
-        return next(iter(override.sweep_string_iterator()), "null")
-    return override.get_value_element_as_str()
-
-
-def _searchpath(override: str) -> bool:
-    return override.lstrip("+~").startswith("hydra.searchpath")
 
 
 def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | None = None) -> None:
@@ -233,6 +199,8 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
     try:
         variants = _overrides_to_check(overrides)
     except HydraException as error:
+        from gearshift.run_endings import describe_error
+
         _exit(describe_error(error, None))
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
         planned = None
@@ -245,6 +213,8 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
             except ConfigError as error:
                 _exit(str(error))
             except (HydraException, OmegaConfBaseException) as error:
+                from gearshift.run_endings import culprit, describe_error
+
                 line = describe_error(error, swept or culprit(error, variant), variant)
                 searched = swept and swept.lstrip("+~").startswith(SEARCHED)
                 _exit(f"{swept}: {line}" if searched and not line.startswith(swept) else line)
@@ -254,13 +224,15 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
     if line := _searched_on_hydra_key(overrides):
         _exit(line)
     if planned is not None and planned.plan.enabled:
-        _plan(planned)
+        from gearshift.run_endings import print_plan  # plan=on only
+
+        print_plan(planned, job_rank())
 
 
 def _switches_in_words(command_line: list[str], overrides: list[str]) -> list[str]:
     """The overrides with true/false given to a switch group as on/off (config/switches.py),
     rewritten in `command_line` too: Hydra parses that after preflight."""
-    search = [o for o in overrides if _searchpath(o)]  # your folders' options too
+    search = [o for o in overrides if is_searchpath(o)]  # your folders' options too
     loader = GlobalHydra.instance().config_loader()
     try:
         worded = switches_in_words(
@@ -272,22 +244,6 @@ def _switches_in_words(command_line: list[str], overrides: list[str]) -> list[st
         if word != given:
             command_line[command_line.index(given)] = word
     return worded
-
-
-def _plan(cfg: DictConfig) -> None:
-    """plan=on: the run's memory and step time, printed; exit 0 before Hydra creates a run
-    folder (nothing trains, nothing is allocated but fake tensors)."""
-    if job_rank() not in (None, "0"):  # rank 0 plans for the job
-        raise SystemExit(0)
-    from gearshift.observe.plan import log_plan, make_plan  # loads torch: only now
-
-    if not logging.getLogger().handlers:  # before Hydra: its job_logging is not set up yet
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        log_plan(make_plan(cfg))
-    except ConfigError as error:
-        _exit(str(error))
-    raise SystemExit(0)
 
 
 def _searched_on_hydra_key(overrides: list[str]) -> str | None:
@@ -353,22 +309,8 @@ def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
         atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # Hydra's empty folder
 
 
-def culprit(error: Exception, overrides: list[str]) -> str | None:
-    """The override a Hydra error is about, when its message names one."""
-    text = str(error)
-    overrides = [o for o in overrides if not _searchpath(o)]  # Hydra names it in every message
-    matches = [o for o in overrides if o in text or o.split("=", 1)[0].lstrip("+~") in text]
-    return matches[0] if matches else None
-
-
 def _exit(message: str) -> None:
-    """One `error:` line and exit 2; in a job of several ranks, rank 0's line only (under
-    gearshift.torchrun written for the launcher, which prints it once the ranks are done)."""
-    rank = job_rank()
-    if rank not in (None, "0"):
-        raise SystemExit(EXIT_BAD_CONFIG)
-    if rank == "0" and os.environ.get(ERROR_NOTE):
-        Path(os.environ[ERROR_NOTE]).write_text(message)  # read after every rank has exited
-    else:
-        print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_CONFIG)
+    """One `error:` line and exit 2 (run_endings.py `refuse`)."""
+    from gearshift.run_endings import refuse  # a refused command line only
+
+    refuse(message, job_rank())

@@ -274,16 +274,11 @@ class Run(Parts):
             self.memory_history.stop()
 
     def out_of_memory(self, error: torch.OutOfMemoryError, step: int) -> str:
-        """The line an out-of-memory error at `step` ends the run with (the allocator's
-        history dumped first), naming the memory gears that are not on yet."""
+        """The line an out-of-memory error at `step` ends the run with (memory_snapshot.py)."""
         from gearshift.observe.memory_snapshot import out_of_memory_message
 
-        snapshot = None
-        if self.memory_history is not None:
-            snapshot = self.memory_history.dump()
-            self.memory_history.stop()
         return out_of_memory_message(
-            error, step, self.batch_size, snapshot,
+            error, step, self.batch_size, self.memory_history,
             amp=self.precision.dtype is not None, checkpointing=self.gears["checkpointing"],
             batch_size_auto=self.batch_choice is not None,
         )  # fmt: skip
@@ -397,16 +392,10 @@ def build_parts(
 
 
 def planner(cfg: DictConfig, task: Task) -> Callable[[int], int | None]:
-    """batch_size=auto's first trial on CUDA: the largest batch the plan of `cfg` on one
-    device (observe/plan.py) fits in a number of bytes."""
+    """batch_size=auto's first trial on CUDA: the plan's largest batch (run_plan.py)."""
+    from gearshift.run_plan import planner
 
-    def largest(memory: int) -> int | None:
-        from gearshift.observe.plan import make_plan
-
-        single = OmegaConf.merge(cfg, {"plan": {"device": "auto", "world_size": 1}})
-        return make_plan(single, task, budget=memory).largest_batch_size
-
-    return largest
+    return planner(cfg, task)
 
 
 def check_validation(
@@ -688,23 +677,13 @@ def advise_config(
 
 
 def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
-    """plan.check=true: this run's plan (its device, its ranks) and, on a CPU, the tensor
-    bytes of a tracked real step to hold it against (CUDA: the run's own peak, at the end)."""
-    from gearshift.batch_finder import tracked_step_peak
-    from gearshift.observe.plan import PlanCheck, log_plan, make_plan
+    """plan.check=true: this run's plan and what it is held against (run_plan.py)."""
+    from gearshift.run_plan import check_plan
 
-    plan_of = {"batch_size": parts.batch_size, "plan": {"device": "auto", "world_size": ranks.world_size}}  # fmt: skip
-    cfg = OmegaConf.merge(parts.cfg, plan_of)
-    plan = make_plan(cfg, parts.task)
-    if ranks.is_zero:
-        log_plan(plan)
-    measured = None
-    if parts.device.type == "cpu":
-        measured = tracked_step_peak(
-            cfg.model, cfg.optimizer, cfg.batch_size, parts.task, parts.precision.dtype,
-            parts.memory_format,
-        )  # fmt: skip
-    return PlanCheck(plan, measured)
+    return check_plan(
+        parts.cfg, parts.batch_size, parts.task, parts.device, parts.precision.dtype,
+        parts.memory_format, ranks,
+    )  # fmt: skip
 
 
 def run_length(

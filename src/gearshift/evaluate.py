@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import nn
 
-from gearshift.app import EXIT_BAD_CONFIG, culprit, default_config_dir, describe_error
+from gearshift.app import default_config_dir
 from gearshift.build import build_parts
 from gearshift.config import ConfigError, check_config
 from gearshift.config.checks import RUN_PARTS
@@ -42,6 +42,7 @@ from gearshift.engine.runtime import resolve_device
 from gearshift.models.factory import build_model, memory_layout
 from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
+from gearshift.run_endings import EXIT_BAD_CONFIG, culprit, describe_error
 from gearshift.state.checkpoint_folders import CheckpointError
 from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.state.checkpointer import ModelState, Saved

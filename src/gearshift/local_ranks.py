@@ -42,7 +42,7 @@ from gearshift.state.preemption import TrainingStopped
 # Passed on to the ranks: torch elastic's own four, and the two that schedulers use to warn
 # of a stop (SLURM's --signal, submitit's USR2). The ranks save on TERM, INT, USR1, USR2.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
-# A rank's exit code for unusable input (app.EXIT_BAD_CONFIG): rank 0 wrote why in its note.
+# A rank's exit code for unusable input (run_endings.EXIT_BAD_CONFIG): rank 0 wrote why in its note.
 EXIT_BAD_INPUT = 2
 EXIT_TRAINING_FAILED = 1  # app.EXIT_TRAINING_FAILED: rank 0 wrote why in its note
 

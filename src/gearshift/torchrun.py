@@ -5,7 +5,7 @@ Input that the ranks find unusable as they build (bad data, task or checkpoint; 
 override) ends as it does in one process: rank 0's `error:` line, once, and exit 2. Plain
 `torchrun` prints that line too, but its agent is a process of its own that a training
 script cannot reach: it then logs its ChildFailedError report and exits 1. Here rank 0
-writes its line to a note (app.ERROR_NOTE) instead, the agent's failure report is dropped
+writes its line to a note (run_endings.ERROR_NOTE) instead, the agent's failure report is dropped
 once the note exists, and the line is printed when every rank has exited. Anything else
 (a training failure, a signal, the rendezvous) ends as under torchrun.
 
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gearshift.app import ERROR_NOTE, EXIT_BAD_CONFIG
+from gearshift.run_endings import ERROR_NOTE, EXIT_BAD_CONFIG
 
 
 def main(argv: list[str] | None = None) -> int:

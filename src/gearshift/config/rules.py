@@ -4,7 +4,8 @@
 and what is allowed; each schema dataclass checks its own node with these helpers
 (schema.py), the data node its source's keys (data_checks.py), and checks.py what spans
 nodes. `check_fields` checks a node's values against a dataclass's field types (the
-built-in targets' keys: targets.py). `locate` finds the class or function a `_target_` names.
+built-in targets' keys: targets.py). `locate` finds the class or function a `_target_` names;
+`is_searchpath` tells the command line's search path from the keys it checks.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 class ConfigError(ValueError):
     """A config value that is not allowed; the message is one line for the user."""
+
+
+def is_searchpath(override: str) -> bool:
+    """An override of hydra.searchpath: it decides which folders' options compose."""
+    return override.lstrip("+~").startswith("hydra.searchpath")
 
 
 def fail(key: str, value: Any, allowed: str) -> None:

@@ -1,8 +1,8 @@
 """amp=on's probe on a CPU: how fast bf16 and fp16 run here against float32, and whether
 oneDNN has native kernels for them. On some chips their kernels are native, on others
-emulated (many times slower than float32); precision.py's choice and the advisor's
-amp rule read it. Loaded only where amp=on resolves on a CPU, or the advisor judges
-amp=bf16/fp16 there.
+emulated (many times slower than float32); amp=on's choice here (`choose_on_cpu`, for
+precision.py's resolve_amp) and the advisor's amp rule read it. Loaded only where amp=on
+resolves on a CPU, or the advisor judges amp=bf16/fp16 there.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from functools import cache
 import torch
 import torch.nn.functional as F
 
+CANDIDATES = (torch.bfloat16, torch.float16)  # bf16 first: it needs no GradScaler
 # A dtype measured up to this factor slower than float32 counts as just as fast: probe noise.
 NOISE = 1.1
 _REPS = 10
@@ -103,3 +104,32 @@ def native_kernels(dtype: torch.dtype) -> bool | None:
         return bool(getattr(torch.ops.mkldnn, check)())
     except (AttributeError, RuntimeError):  # a private check: gone in some builds
         return None
+
+
+def cpu_kernels(dtype: torch.dtype, name: str) -> str:
+    """What the CPU offers for `dtype` (`name`: its short name), e.g. "AVX512, native bf16
+    kernels"."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    native = native_kernels(dtype)
+    if native is None:
+        return capability
+    return f"{capability}, {'native' if native else 'emulated'} {name} kernels"
+
+
+def choose_on_cpu(short_name: Callable[[torch.dtype], str]) -> tuple[torch.dtype | None, str]:
+    """amp=on on this CPU: the first candidate measured about as fast as float32 (fp16 only
+    where native kernels are reported), else float32 (None); with the reason, each dtype
+    named by `short_name` (precision.py's)."""
+    rejected = []
+    for dtype in CANDIDATES:
+        name = short_name(dtype)
+        # x86 without AVX512-FP16/AMX-FP16 reports none for fp16
+        if dtype != torch.bfloat16 and not native_kernels(dtype):
+            rejected.append(f"{name}: no native kernels reported, not measured")
+            continue
+        speed = cpu_speed(dtype)
+        measured = f"{speed.describe()} on this CPU ({cpu_kernels(dtype, name)})"
+        if speed.as_fast_as_float32:
+            return dtype, f"{name}: {measured}"
+        rejected.append(f"{name} {measured}")
+    return None, "float32: " + "; ".join(rejected)

@@ -21,24 +21,12 @@ if TYPE_CHECKING:
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 SWITCHES = {"none": "amp=off", "auto": "amp=on", "bfloat16": "amp=bf16", "float16": "amp=fp16"}
-CPU_CANDIDATES = (torch.bfloat16, torch.float16)  # bf16 first: it needs no GradScaler
 
 
 def short_name(dtype: torch.dtype | None) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "float32"}.get(
         dtype, str(dtype).removeprefix("torch.")
     )
-
-
-def cpu_kernels(dtype: torch.dtype) -> str:
-    """What the CPU offers for `dtype`, e.g. "AVX512, native bf16 kernels"."""
-    from gearshift.engine.cpu_probe import native_kernels  # a CPU's amp only
-
-    capability = torch.backends.cpu.get_cpu_capability()
-    native = native_kernels(dtype)
-    if native is None:
-        return capability
-    return f"{capability}, {'native' if native else 'emulated'} {short_name(dtype)} kernels"
 
 
 @dataclass(frozen=True)
@@ -54,23 +42,6 @@ class AmpChoice:
 def amp_name(dtype: torch.dtype | None) -> str:
     """The resolved amp switch as summary.json's gears name it: "bfloat16", ... or "off"."""
     return str(dtype).removeprefix("torch.") if dtype else "off"
-
-
-def _choose_on_cpu() -> AmpChoice:
-    from gearshift.engine.cpu_probe import cpu_speed, native_kernels  # measured here only
-
-    rejected = []
-    for dtype in CPU_CANDIDATES:
-        # x86 without AVX512-FP16/AMX-FP16 reports none for fp16
-        if dtype != torch.bfloat16 and not native_kernels(dtype):
-            rejected.append(f"{short_name(dtype)}: no native kernels reported, not measured")
-            continue
-        speed = cpu_speed(dtype)
-        measured = f"{speed.describe()} on this CPU ({cpu_kernels(dtype)})"
-        if speed.as_fast_as_float32:
-            return AmpChoice(dtype, f"{short_name(dtype)}: {measured}")
-        rejected.append(f"{short_name(dtype)} {measured}")
-    return AmpChoice(None, "float32: " + "; ".join(rejected))
 
 
 def _choose_on_accelerator(device: torch.device) -> AmpChoice:
@@ -90,7 +61,9 @@ def resolve_amp(choice: str, device: torch.device) -> AmpChoice:
         dtype = DTYPES[choice]
         return AmpChoice(dtype, f"{short_name(dtype)}: forced by {SWITCHES[choice]}")
     if device.type == "cpu":
-        return _choose_on_cpu()
+        from gearshift.engine.cpu_probe import choose_on_cpu  # measured here only
+
+        return AmpChoice(*choose_on_cpu(short_name))
     return _choose_on_accelerator(device)
 
 

@@ -24,7 +24,7 @@ from itertools import pairwise
 import torch
 from torch import fx, nn
 
-from gearshift.engine.precision import cpu_kernels, resolve_amp, resolve_amp_dtype, short_name
+from gearshift.engine.precision import resolve_amp, resolve_amp_dtype, short_name
 from gearshift.models.blocks import recompute_disabled
 from gearshift.models.factory import resolve_compile
 from gearshift.observe.advisor_base import CONV, Finding, Nodes, Subject, named, unwrapped
@@ -53,16 +53,17 @@ def batch_size_multiple_of_8(s: Subject) -> Finding | None:
 def amp_slower_than_fp32(s: Subject) -> Finding | None:
     if s.device.type != "cpu" or s.amp_dtype is None:
         return None
-    from gearshift.engine.cpu_probe import cpu_speed  # amp on a CPU only
+    from gearshift.engine.cpu_probe import cpu_kernels, cpu_speed  # amp on a CPU only
 
     speed = cpu_speed(s.amp_dtype)  # amp=on never picks such a dtype: only amp=bf16/fp16 do
     if speed.as_fast_as_float32:
         return None
     name = short_name(s.amp_dtype)
     on_cpu = short_name(resolve_amp("auto", s.device).dtype)
+    kernels = cpu_kernels(s.amp_dtype, name)
     return Finding(
         "amp-slower-than-fp32",
-        f"amp={name}, and on this CPU ({cpu_kernels(s.amp_dtype)}) {name} {speed.describe()}: "
+        f"amp={name}, and on this CPU ({kernels}) {name} {speed.describe()}: "
         "mixed precision makes every step slower here, not faster",
         f"amp=on (which picks {on_cpu} on this CPU) or amp=off",
     )

@@ -53,12 +53,17 @@ def out_of_memory_message(
     error: BaseException,
     step: int,
     batch_size: int,
-    snapshot: Path | None,
+    history: MemoryHistory | None,
     amp: bool,
     checkpointing: bool,
     batch_size_auto: bool,
 ) -> str:
-    """One line: where it ran out, the snapshot (if any) and the gears that would cut memory."""
+    """One line: where it ran out, the snapshot (if any: profile.memory_snapshot's `history`,
+    dumped now and stopped) and the gears that would cut memory."""
+    snapshot = None
+    if history is not None:
+        snapshot = history.dump()
+        history.stop()
     asked = re.search(r"Tried to allocate [\d.]+ \w+", str(error))
     what = f" ({asked[0][0].lower()}{asked[0][1:]})" if asked else ""
     if snapshot is not None:
