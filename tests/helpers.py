@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import runpy
+import shutil
 import socket
 import subprocess
 import sys
@@ -156,18 +157,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_ranks(worker, nprocs: int, *args) -> None:
+def start_ranks(worker, nprocs: int, *args, spawn: bool = False) -> None:
     """`worker(rank, *args)` in `nprocs` processes, and wait for them. Forked, so each rank
     starts with torch imported (a spawned one spends seconds importing it again); spawned
     where this process has started CUDA, which a forked child cannot use."""
-    method = "spawn" if torch.cuda.is_initialized() else "fork"
+    method = "spawn" if spawn or torch.cuda.is_initialized() else "fork"
     mp.start_processes(worker, args=args, nprocs=nprocs, start_method=method)
+
+
+# A backward this process ran on a device (the planner's fake CUDA tensors, in a test that
+# ran in this pytest worker before) started autograd's device threads: a forked child's
+# backward then fails at once with this, and the ranks are spawned instead.
+FORKED_AUTOGRAD = "Unable to handle autograd's threading in combination with fork"
 
 
 def on_ranks(worker, ranks: int, out: Path, overrides: list[str]) -> list[dict]:
     """`worker(rank, ranks, port, out, overrides)` (tests/distributed_workers.py) on `ranks`
     ranks; what they saved as out/rank<r>.pt, in rank order."""
-    start_ranks(worker, ranks, ranks, free_port(), str(out), overrides)
+    try:
+        start_ranks(worker, ranks, ranks, free_port(), str(out), overrides)
+    except mp.ProcessRaisedException as error:
+        if FORKED_AUTOGRAD not in str(error):
+            raise
+        shutil.rmtree(out, ignore_errors=True)  # what the failed ranks began
+        Path(out).mkdir(parents=True)
+        start_ranks(worker, ranks, ranks, free_port(), str(out), overrides, spawn=True)
     return [torch.load(p, weights_only=False) for p in sorted(out.glob("rank*.pt"))]
 
 
