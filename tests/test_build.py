@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import make_cfg
 
@@ -109,3 +110,12 @@ def test_a_checkpoint_written_before_the_whole_record_was_kept_still_gives_its_a
     older = Saved(Path("step"), {"decisions": {"amp": {"dtype": "float16", "reason": "why"}}})
     assert older.decisions == {"amp": "float16", "amp_reason": "why"}
     assert Saved(Path("step"), {"config": {}}).decisions == {}  # older still: none kept
+
+
+def test_the_decisions_are_a_record_no_part_can_change():
+    decided = gearshift.build.Gears({"amp": "off", "amp_reason": "amp=off"})
+    with pytest.raises(TypeError):
+        decided["amp"] = "bfloat16"  # type: ignore[index]
+    more = decided | {"compile": "off"}
+    assert dict(more) == {"amp": "off", "amp_reason": "amp=off", "compile": "off"}
+    assert "compile" not in decided  # `|` made a new record
