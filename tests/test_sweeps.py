@@ -186,7 +186,7 @@ def test_an_ablation_sweep_runs_each_gear_alone_in_its_own_process_and_reports(
     check_amp_on_resolved(gears[1])  # amp=on
     assert all(g["num_workers"] == 0 and not g["data_on_device"] for g in gears)  # host data
     # hydra/launcher=processes: two jobs, two processes, the second after the first ended
-    jobs = [d for d in (sweep_dir / ".submitit").iterdir() if d.name.isdigit()]
+    jobs = {log.name.split("_")[0] for log in (sweep_dir / ".submitit").glob("*_log.out")}
     assert len(jobs) == 2
     assert log_times(sweep_dir / "0")[1] <= log_times(sweep_dir / "1")[0]
     report = subprocess.run(

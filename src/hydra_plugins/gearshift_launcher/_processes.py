@@ -12,7 +12,7 @@ first calls `use_slots(n_jobs)`, and each trial then runs in a device slot of it
 A job whose sweep is gone (killed by SIGKILL) stops at its next step and saves. A job's end
 is noticed the moment its process exits (its Popen is waited on), and one that ended without
 a result fails with one line: its last `error:` line, or its exit status.
-Job logs go to `<sweep folder>/.submitit/`.
+Job logs go to `<sweep folder>/.submitit/`, each file named by its job's id.
 """
 
 import copy
@@ -126,7 +126,7 @@ class ProcessLauncher(submitit_launcher.LocalLauncher):
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
         executor = submitit.AutoExecutor(
-            cluster=self._EXECUTOR, folder=self.params["submitit_folder"]
+            cluster=self._EXECUTOR, folder=folder_of_every_job(self.params["submitit_folder"])
         )
         common = set(OmegaConf.structured(config.BaseQueueConf).keys())
         executor.update_parameters(
@@ -141,6 +141,17 @@ class ProcessLauncher(submitit_launcher.LocalLauncher):
         return executor.submit(
             self, list(overrides), "hydra.sweep.dir", number, f"job_id_for_{number}", state
         )
+
+
+def folder_of_every_job(folder: str) -> str:
+    """`folder` up to its first part that names the job (`%j`): the jobs' files side by
+    side, named by job id. submitit's local controller opens its log in `<folder>/<its
+    pid>/` at once, and the launching process makes that folder only after the controller
+    started, which a busy machine can lose (the job failed with FileNotFoundError and no
+    run); this folder is made before any job starts."""
+    parts = Path(folder).parts
+    first = next((i for i, part in enumerate(parts) if "%" in part), len(parts))
+    return str(Path(*parts[:first]))
 
 
 class JobFailed(RuntimeError):
