@@ -125,9 +125,15 @@ class ProcessLauncher(submitit_launcher.LocalLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if "mode" in self.config.hydra.sweep:
             os.chmod(sweep_dir, mode=int(str(self.config.hydra.sweep.mode), 8))
-        executor = submitit.AutoExecutor(
-            cluster=self._EXECUTOR, folder=folder_of_every_job(self.params["submitit_folder"])
-        )
+        # The folder up to its part that names the job (`%j`): the jobs' files side by side,
+        # named by job id. submitit's local controller opens its log in `<folder>/<its pid>/`
+        # at once, and this process makes that folder only after the controller started,
+        # which a busy machine can lose (the job failed with FileNotFoundError and no run);
+        # this folder is made before any job starts.
+        from submitit.core.utils import JobPaths
+
+        folder = JobPaths.get_first_id_independent_folder(self.params["submitit_folder"])
+        executor = submitit.AutoExecutor(cluster=self._EXECUTOR, folder=folder)
         common = set(OmegaConf.structured(config.BaseQueueConf).keys())
         executor.update_parameters(
             **{
@@ -141,17 +147,6 @@ class ProcessLauncher(submitit_launcher.LocalLauncher):
         return executor.submit(
             self, list(overrides), "hydra.sweep.dir", number, f"job_id_for_{number}", state
         )
-
-
-def folder_of_every_job(folder: str) -> str:
-    """`folder` up to its first part that names the job (`%j`): the jobs' files side by
-    side, named by job id. submitit's local controller opens its log in `<folder>/<its
-    pid>/` at once, and the launching process makes that folder only after the controller
-    started, which a busy machine can lose (the job failed with FileNotFoundError and no
-    run); this folder is made before any job starts."""
-    parts = Path(folder).parts
-    first = next((i for i, part in enumerate(parts) if "%" in part), len(parts))
-    return str(Path(*parts[:first]))
 
 
 class JobFailed(RuntimeError):
