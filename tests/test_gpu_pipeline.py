@@ -8,11 +8,11 @@ import torch
 from helpers import SyncCounter, make_cfg, task_of
 
 from gearshift.batch_finder import find_batch_size
-from gearshift.build import planner
 from gearshift.data.host_loader import build_loader
 from gearshift.data.prefetch import CudaPrefetcher
 from gearshift.data.synthetic import TensorPairs
 from gearshift.observe.gpu_datasheets import gpu_peak
+from gearshift.run_plan import planner
 from train import fit
 
 pytestmark = pytest.mark.gpu

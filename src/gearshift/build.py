@@ -343,6 +343,7 @@ def build_parts(
     batch_choice = None
     if cfg.batch_size == "auto":  # tip 10: batch_size=auto fills the memory
         from gearshift.batch_finder import resolve_batch_size
+        from gearshift.run_plan import planner  # on CUDA, the plan's guess first
 
         batch_choice = resolve_batch_size(
             cfg.batch_size_finder, cfg.model, cfg.optimizer, task, device, precision.dtype,
@@ -389,13 +390,6 @@ def build_parts(
         cfg, device, ranks, precision, memory_format, task, read, train, val, transforms, model, ema,
         batch_choice, gears,
     )  # fmt: skip
-
-
-def planner(cfg: DictConfig, task: Task) -> Callable[[int], int | None]:
-    """batch_size=auto's first trial on CUDA: the plan's largest batch (run_plan.py)."""
-    from gearshift.run_plan import planner
-
-    return planner(cfg, task)
 
 
 def check_validation(
@@ -602,7 +596,14 @@ def build_run(
             sampling, cfg.data, model, cfg.val_every_n_steps, cfg.seed
         )
     advice = advise_config(cfg, model, device, parts.precision.dtype, parts.batch_size)
-    plan = check_plan(parts, ranks) if cfg.plan.check else None  # before the run allocates
+    plan = None
+    if cfg.plan.check:  # plan.check=true: the plan, before the run allocates
+        from gearshift.run_plan import check_plan
+
+        plan = check_plan(
+            cfg, parts.batch_size, parts.task, device, parts.precision.dtype,
+            parts.memory_format, ranks,
+        )  # fmt: skip
     if ranks.is_zero:
         log_findings(advice)
     mfu = MFU.measure(
@@ -674,16 +675,6 @@ def advise_config(
         task=cfg.task if "task" in cfg else None,
     )
     return advise(nodes, model, device, amp_dtype)
-
-
-def check_plan(parts: Parts, ranks: Ranks) -> PlanCheck:
-    """plan.check=true: this run's plan and what it is held against (run_plan.py)."""
-    from gearshift.run_plan import check_plan
-
-    return check_plan(
-        parts.cfg, parts.batch_size, parts.task, parts.device, parts.precision.dtype,
-        parts.memory_format, ranks,
-    )  # fmt: skip
 
 
 def run_length(
