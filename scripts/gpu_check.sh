@@ -28,7 +28,7 @@ PY=${PYTHON:-python3}
 OUT=${1:-gpu_check}
 COMMON=${GPU_CHECK_COMMON:-"model=resnet50 data.image_size=224 data.num_samples=1024 \
 data.num_val_samples=0 batch_size=128 max_steps=30 warmup_steps=10 log_every_n_steps=10 \
-logger=none progress_bar=false device=cuda"}
+logger=none progress_bar=false device=cuda advise=true"}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"

@@ -15,7 +15,7 @@ from torch import nn
 
 from gearshift.advise import build_on_meta
 from gearshift.advise import main as advise_main
-from gearshift.build import advise_config
+from gearshift.observe.findings import advise_config
 from train import fit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touches the device
@@ -158,7 +158,9 @@ def test_data_parallel_fires_on_a_model_wrapped_in_it():
 
 
 def test_fit_warns_once_per_finding_and_writes_them_to_the_summary(tmp_path, caplog):
-    cfg = make_cfg("model=simple_cnn", "model.conv_bias=true", "batch_size=12", "max_steps=3")
+    cfg = make_cfg(
+        "model=simple_cnn", "model.conv_bias=true", "batch_size=12", "max_steps=3", "advise=true"
+    )
     with caplog.at_level(logging.WARNING, logger="gearshift"):
         result = fit(cfg, tmp_path)
     warned = [r.getMessage() for r in caplog.records if "advisor [" in r.getMessage()]
@@ -173,8 +175,18 @@ def test_fit_warns_once_per_finding_and_writes_them_to_the_summary(tmp_path, cap
     assert written["advice"] == result.summary["advice"]
 
 
+def test_a_run_without_advise_true_neither_warns_nor_lists_advice(tmp_path, caplog):
+    cfg = make_cfg("model=simple_cnn", "model.conv_bias=true", "batch_size=12", "max_steps=1")
+    with caplog.at_level(logging.WARNING, logger="gearshift"):
+        result = fit(cfg, tmp_path)  # the same problems as above, but nobody asked
+    assert [r for r in caplog.records if "advisor [" in r.getMessage()] == []
+    assert result.summary["advice"] == []
+
+
 def test_fit_on_experiment_fast_config_has_no_advice(tmp_path):
-    cfg = make_cfg("experiment=fast", "compile=off", "model=mlp", "memory_format=contiguous")
+    cfg = make_cfg(
+        "experiment=fast", "compile=off", "model=mlp", "memory_format=contiguous", "advise=true"
+    )
     assert fit(cfg, tmp_path).summary["advice"] == []
 
 

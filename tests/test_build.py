@@ -13,6 +13,7 @@ from helpers import make_cfg
 import gearshift.build
 from gearshift import evaluate
 from gearshift.engine import cpu_probe
+from gearshift.observe import findings
 from gearshift.state import checkpointer
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.state.checkpoint_reads import load_checkpoint
@@ -93,17 +94,20 @@ def test_evaluate_builds_no_optimizer_profiler_mfu_or_advice(tmp_path, monkeypat
     def recording(name: str, original):
         return lambda *args, **kwargs: built.append(name) or original(*args, **kwargs)
 
-    names = ("build_optimizers", "ProfilerOff", "advise", "PerfMeter")  # profile=off: ProfilerOff
+    names = ("build_optimizers", "ProfilerOff", "PerfMeter")  # profile=off: ProfilerOff
     for name in names:
         monkeypatch.setattr(gearshift.build, name, recording(name, getattr(gearshift.build, name)))
     monkeypatch.setattr(
         gearshift.build.MFU, "measure", recording("MFU", gearshift.build.MFU.measure)
     )
+    # build_run imports the advisor where advise=true asks for it
+    monkeypatch.setattr(findings, "advise_config", recording("advise", findings.advise_config))
     checkpoint = latest_checkpoint(tmp_path / "checkpoints")
-    assert evaluate.main([f"resume={checkpoint}", "logger=none"]) == 0
+    assert evaluate.main([f"resume={checkpoint}", "logger=none", "advise=true"]) == 0
     assert built == []
-    fit(make_cfg(*SMALL, "max_steps=1"), tmp_path / "train")  # the control: training builds them
-    assert set(built) == {*names, "MFU"}
+    # the control: training builds them
+    fit(make_cfg(*SMALL, "max_steps=1", "advise=true"), tmp_path / "train")
+    assert set(built) == {*names, "MFU", "advise"}
 
 
 def test_a_checkpoint_written_before_the_whole_record_was_kept_still_gives_its_amp():

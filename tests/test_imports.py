@@ -72,6 +72,8 @@ NOT_CONFIGURED = (
     "gearshift.config.disk_checks",  # the sources read from disk
     "gearshift.observe.attention_probe",  # the advisor, for a model with attention
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA
+    "gearshift.observe.findings",  # advise=true, python -m gearshift.advise
+    "gearshift.observe.advisor_base",
     "gearshift.parallel.process_group",  # several ranks
     "gearshift.parallel.slurm_env",  # srun with several tasks
     "gearshift.state.restore",  # a resumed run

@@ -3,9 +3,10 @@
 `build_parts` makes what validating a model needs (precision, task, batches, device
 transforms, the model and its weight average); `build_run` adds what training needs
 (the wrapped forward, the optimizers with their lr schedules, checkpointer, the loop's
-meters, profiler, MFU and the advisor) and restores a checkpoint into them. Every builder decides against this
-machine once (what `amp=on` means here, how many loader workers, whether to compile), and
-the run's `gears` (summary.json) is the collection of those decisions with their reasons.
+meters, profiler, MFU and, with advise=true, the advisor) and restores a checkpoint into
+them. Every builder decides against this machine once (what `amp=on` means here, how many
+loader workers, whether to compile), and the run's `gears` (summary.json) is the collection
+of those decisions with their reasons.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from gearshift.engine.runtime import (
 )
 from gearshift.models.blocks import model_blocks
 from gearshift.models.factory import build_model, compile_model, memory_layout, resolve_compile
-from gearshift.observe.findings import Finding, Nodes, advise, log_findings
 from gearshift.observe.loss_watch import LossWatch
 from gearshift.observe.mfu import MFU
 from gearshift.observe.throughput import PerfMeter
@@ -83,6 +83,7 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
     from gearshift.batch_finder import BatchSizeChoice
     from gearshift.data.device_transforms import DeviceTransforms
     from gearshift.engine.ema import EMA
+    from gearshift.observe.findings import Finding
     from gearshift.observe.memory_snapshot import MemoryHistory
     from gearshift.observe.plan import PlanCheck
     from gearshift.observe.profiler import Profiler
@@ -219,7 +220,7 @@ class Run(Parts):
     checkpointer: Checkpointer
     best: BestTracker
     mfu: MFU
-    advice: list[Finding]
+    advice: list[Finding]  # advise=true: the advisor's findings (empty otherwise)
     meter: PerfMeter
     losses: LossWatch
     profiler: Profiler | ProfilerOff
@@ -595,7 +596,6 @@ def build_run(
         sampler = build_sampler(  # a bad prompt too
             sampling, cfg.data, model, cfg.val_every_n_steps, cfg.seed
         )
-    advice = advise_config(cfg, model, device, parts.precision.dtype, parts.batch_size)
     plan = None
     if cfg.plan.check:  # plan.check=true: the plan, before the run allocates
         from gearshift.run_plan import check_plan
@@ -604,8 +604,13 @@ def build_run(
             cfg, parts.batch_size, parts.task, device, parts.precision.dtype,
             parts.memory_format, ranks,
         )  # fmt: skip
-    if ranks.is_zero:
-        log_findings(advice)
+    advice = []
+    if cfg.advise:  # advise=true: the gear advisor's findings, logged once, in summary.json
+        from gearshift.observe.findings import advise_config, log_findings
+
+        advice = advise_config(cfg, model, device, parts.precision.dtype, parts.batch_size)
+        if ranks.is_zero:
+            log_findings(advice)
     mfu = MFU.measure(
         model, parts.task, cfg.matmul_precision, device, parts.precision, parts.memory_format,
         strategy,
@@ -654,27 +659,6 @@ def build_run(
         mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
         memory_history=memory_history, reporter=reporter, sampler=sampler, plan=plan,
     )  # fmt: skip
-
-
-def advise_config(
-    cfg: DictConfig, model: nn.Module, device: torch.device,
-    amp_dtype: torch.dtype | str | None = "resolve", batch_size: int | str | None = None,
-) -> list[Finding]:  # fmt: skip
-    """The advisor's findings (observe/findings.py) for `cfg`'s nodes, `model` and `device`
-    (amp_dtype: autocast's, if known; "resolve": amp.dtype's on `device`; batch_size: the
-    run's, if decided; None: the config's)."""
-    nodes = Nodes(
-        batch_size=cfg.batch_size if batch_size is None else batch_size,
-        cudnn_benchmark=cfg.cudnn_benchmark,
-        amp=cfg.amp.dtype,
-        data=cfg.data,
-        dataloader=cfg.dataloader,
-        memory_format=cfg.memory_format,
-        compile=cfg.compile,
-        strategy=OmegaConf.select(cfg, "distributed.strategy"),
-        task=cfg.task if "task" in cfg else None,
-    )
-    return advise(nodes, model, device, amp_dtype)
 
 
 def run_length(

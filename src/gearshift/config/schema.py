@@ -545,6 +545,7 @@ class Config:
     deterministic: Any = False  # DETERMINISTIC; true: deterministic kernels only (runtime.py)
     matmul_precision: str = "highest"  # MATMUL_PRECISIONS; float32 matmuls; high: TF32 on CUDA
     progress_bar: bool = True  # the progress bar and the closing table
+    advise: bool = False  # the gear advisor: its findings at start-up and in summary.json
     on_nonfinite: str = "stop"  # ON_NONFINITE, for a NaN/inf loss: exit 1, or skip its update
     trial: TrialConfig = field(default_factory=TrialConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)

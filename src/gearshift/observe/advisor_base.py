@@ -30,11 +30,10 @@ class Finding:
 
 @dataclass(frozen=True)
 class Nodes:
-    """The config the rules read: its nodes and values, as the builder passes them."""
+    """The config the rules read: its nodes and values, as findings.py `advise_config` reads them."""
 
     batch_size: int | str
     cudnn_benchmark: bool
-    amp: str  # amp.dtype: what amp_dtype="resolve" resolves
     data: DictConfig
     dataloader: DataLoaderConfig
     memory_format: MemoryFormatConfig

@@ -1,27 +1,29 @@
 """The gear advisor: what in this config and model holds the run back, and the fix.
 
-`advise(nodes, model, device)` inspects the config's nodes (`Nodes`: the builder picks
-them, build.py `advise_config`), the built model (before torch.compile) and the device, and returns findings, each with a stable id, a message and
-the fix. `fit` logs each one once as a warning at start-up and lists them in summary.json
-under `advice`; `python -m gearshift.advise [overrides...]` prints them for a config
-without training.
+`advise_config(cfg, model, device)` inspects the config's nodes (`Nodes`), the built model
+(before torch.compile) and the device, and returns findings, each with a stable id, a
+message and the fix. Loaded only where asked: with `advise=true` a run logs each finding
+once as a warning at start-up and lists them in summary.json under `advice` (build.py
+`build_run`); `python -m gearshift.advise [overrides...]` prints them for a config without
+training.
 
 Rules that only cost time on a GPU (layer widths under mixed precision, a transformer's
 vocabulary and hidden size, the host data loader, cuDNN autotuning) fire only when the
 device is CUDA: they are in cuda_findings.py, loaded for such a run only. One rule runs the
 model: attention by hand is found in one forward pass of the task's example batch
-(attention_probe.py, loaded for models with an embedding or an attention module only). Not a rule: gradient
-accumulation under DDP without `no_sync` — the loop always uses `no_sync`, and no config
-key turns it off, so there is nothing to warn about.
+(attention_probe.py, loaded for models with an embedding or an attention module only).
+Not a rule: gradient accumulation under DDP without `no_sync` — the loop always uses
+`no_sync`, and no config key turns it off, so there is nothing to warn about.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import pairwise
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch import fx, nn
 
 from gearshift.engine.precision import resolve_amp, resolve_amp_dtype, short_name
@@ -215,23 +217,27 @@ RULES: list[Callable[[Subject], Finding | None]] = [
 ]
 
 
-def _run(subject: Subject) -> Iterator[Finding]:
-    for rule in RULES:
-        finding = rule(subject)
-        if finding is not None:
-            yield finding
-
-
-def advise(
-    nodes: Nodes,
-    model: nn.Module,
-    device: torch.device,
-    amp_dtype: torch.dtype | str | None = "resolve",
-) -> list[Finding]:
-    """The findings for this config, model and device (amp_dtype: autocast's, if known)."""
+def advise_config(
+    cfg: DictConfig, model: nn.Module, device: torch.device,
+    amp_dtype: torch.dtype | str | None = "resolve", batch_size: int | str | None = None,
+) -> list[Finding]:  # fmt: skip
+    """The findings for `cfg`'s nodes, `model` and `device` (amp_dtype: autocast's, if
+    known; "resolve": amp.dtype's on `device`; batch_size: the run's, if decided; None: the
+    config's)."""
+    nodes = Nodes(
+        batch_size=cfg.batch_size if batch_size is None else batch_size,
+        cudnn_benchmark=cfg.cudnn_benchmark,
+        data=cfg.data,
+        dataloader=cfg.dataloader,
+        memory_format=cfg.memory_format,
+        compile=cfg.compile,
+        strategy=OmegaConf.select(cfg, "distributed.strategy"),
+        task=cfg.task if "task" in cfg else None,
+    )
     if amp_dtype == "resolve":
-        amp_dtype = resolve_amp_dtype(nodes.amp, device)
-    return list(_run(Subject(nodes, model, device, amp_dtype)))
+        amp_dtype = resolve_amp_dtype(cfg.amp.dtype, device)
+    subject = Subject(nodes, model, device, amp_dtype)
+    return [finding for rule in RULES if (finding := rule(subject)) is not None]
 
 
 def log_findings(findings: list[Finding]) -> None:
