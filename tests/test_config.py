@@ -287,7 +287,10 @@ UNKNOWN_KEYS = [
         "amp.enabeld=1",
         "amp.enabeld=1 is not allowed; the amp node has no key 'enabeld'; its keys: dtype",
     ),
-    ("fooo=1", "fooo=1 is not allowed; the config has no key 'fooo'; its keys: accum, amp,"),
+    (
+        "fooo=1",
+        "fooo=1 is not allowed; the config has no key 'fooo'; its keys: accum, advise, amp,",
+    ),
     (  # a key that moved: its new spelling
         "data=hf data.image_column=img",
         "data.image_column=img is not allowed; the key is now data.fields.inputs: "
