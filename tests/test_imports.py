@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -81,14 +82,12 @@ NOT_CONFIGURED = (
     "gearshift.engine.optim_loading",  # a resumed run
     "gearshift.state.checkpoint_failures",  # a checkpoint save or load that fails
     "gearshift.config.unknown_keys",  # a command line that fails
-    "gearshift.observe.wandb_logger",  # logger=wandb
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv
     "gearshift.engine.cpu_probe",  # amp=on on a CPU
     "gearshift.observe.gpu_datasheets",  # CUDA, plan=on
     "gearshift.observe.nonfinite",  # a NaN/inf loss or weights
     "gearshift.config.allowed_types",  # a value of the wrong type
-    "gearshift.observe.guarded_backend",  # logger=wandb, tensorboard or csv
     "gearshift.run_endings",  # a run stopped, or refused; plan=on
     "gearshift.observe.trial_reporter",  # trial.reporter: a run that is a study's trial
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
@@ -97,10 +96,13 @@ NOT_CONFIGURED = (
 
 def test_a_default_run_loads_no_sweep_machinery_and_at_most_the_ratchets_lines(tmp_path):
     out = tmp_path / "imports.json"
+    # the run `make train` starts, with its default logger: W&B, offline as on a machine
+    # without a key
+    wandb = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
     done = subprocess.run(
-        [sys.executable, "-c", COUNT_IMPORTS, str(out), str(ROOT / "train.py"),
-         "max_steps=2", "logger=none"],
+        [sys.executable, "-c", COUNT_IMPORTS, str(out), str(ROOT / "train.py"), "max_steps=2"],
         cwd=tmp_path, capture_output=True, text=True, timeout=seconds(240),
+        env={**os.environ, **wandb},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     imported = json.loads(out.read_text())
@@ -109,6 +111,7 @@ def test_a_default_run_loads_no_sweep_machinery_and_at_most_the_ratchets_lines(t
     # the count sees the run's modules and the plug-ins Hydra scanned
     assert "gearshift.build" in lines, listing
     assert "hydra_plugins.gearshift_sweeper.sweeper" in lines, listing
+    assert "gearshift.observe.wandb_logger" in lines, listing  # the default logger
     machinery = [
         name
         for name in lines
