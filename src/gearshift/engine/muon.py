@@ -42,9 +42,9 @@ def build_muon(model: nn.Module, optimizer_cfg: DictConfig) -> list[torch.optim.
     own = {"lr": keywords.pop("muon_lr", None), "weight_decay": weight_decay,
            "momentum": keywords.pop("muon_momentum", None)}  # fmt: skip
     muon = torch.optim.Muon(hidden, **{k: v for k, v in own.items() if v is not None})
-    groups = [{"params": rest}] if optimizer_cfg.weight_decay_1d else [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay or 0.0},
-        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-    ]  # fmt: skip
-    groups = [g for g in groups if g["params"]]
+    groups = [{"params": rest}]
+    if not optimizer_cfg.weight_decay_1d:
+        from gearshift.engine.decay_groups import decay_groups
+
+        groups = decay_groups(rest, {"weight_decay": weight_decay or 0.0})
     return [muon, build("optimizer", PRESET_CLASSES["adamw"], groups, keywords)]

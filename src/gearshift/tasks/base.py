@@ -35,7 +35,7 @@ from torchmetrics import Metric
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 from gearshift.config.targets import TRAINER_KEYS
-from gearshift.tasks.metrics import build_metrics, describe, task_name
+from gearshift.tasks.metrics import describe, task_name
 
 Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
@@ -184,5 +184,8 @@ def build_task(node: DictConfig) -> Task:
             f"{type(task).__name__}, expected a subclass of gearshift.tasks.Task"
         )
     task.monitor, task.mode = monitor or task.monitor, mode or task.mode
-    task.validation.update(build_metrics(added, task.validation))
+    if added is not None:
+        from gearshift.tasks.added_metrics import build_metrics  # task.metrics only
+
+        task.validation.update(build_metrics(added, task.validation))
     return task
