@@ -1,6 +1,10 @@
 """optimizer=muon: Muon on the model's hidden matrices and AdamW on the rest, as two
 torch optimizers that engine/optim.py's `Optimizers` steps, schedules and saves as one.
-Imported by build_optimizers only when the optimizer node is the muon preset."""
+Imported by build_optimizers only when the optimizer node is the muon preset.
+
+Under FSDP the matrices are DTensors sharded by rows; torch's Muon takes them as they are:
+its Newton-Schulz iteration runs on DTensors, whose matmuls and norm gather what they need,
+so every rank applies the update of the whole matrix to its shard."""
 
 from __future__ import annotations
 

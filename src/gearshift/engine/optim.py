@@ -182,11 +182,7 @@ class Optimizers:
     The loop steps, zeroes and schedules them here (fp16: through the GradScaler,
     engine/loss_scaling.py), and the checkpointer saves `state_dict()`: every optimizer's
     state keyed by parameter name (torch.distributed.checkpoint's helpers, so it loads
-    resharded at any world size and strategy) beside the schedules' counters.
-
-    Under FSDP the matrices are DTensors sharded by rows; torch's Muon takes them as they
-    are: its Newton-Schulz iteration runs on DTensors, whose matmuls and norm gather what
-    they need, so every rank applies the update of the whole matrix to its shard."""
+    resharded at any world size and strategy) beside the schedules' counters."""
 
     sharded = True  # the checkpointer writes each rank's shards (state/checkpointer.py)
 

@@ -27,10 +27,6 @@ class AmpChoice:
     dtype: torch.dtype | None  # None: float32, no autocast
     reason: str  # why, in words, for the log and summary.json
 
-    @property
-    def name(self) -> str:
-        return amp_name(self.dtype)
-
 
 def amp_name(dtype: torch.dtype | None) -> str:
     """The resolved amp switch as summary.json's gears name it: "bfloat16", ... or "off"."""
@@ -90,13 +86,10 @@ class Precision:
 
         self.skipped_steps += scaled_step(self.scaler, optimizers)
 
-    def grad_scale(self) -> float | None:
-        """The current loss scale (a host read: call at log steps only)."""
-        return self.scaler.get_scale() if self.scaler.is_enabled() else None
-
     def metrics(self) -> dict[str, float]:
         """fp16's loss scale and skipped steps for the log, or nothing (host reads: call at
         log steps only)."""
         if not self.scaler.is_enabled():
             return {}
-        return {"amp/grad_scale": self.grad_scale(), "amp/skipped_steps": int(self.skipped_steps)}
+        scale = self.scaler.get_scale()
+        return {"amp/grad_scale": scale, "amp/skipped_steps": int(self.skipped_steps)}
