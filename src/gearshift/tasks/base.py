@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -137,13 +138,11 @@ class Task(ABC):
         val_<name>): torchmetrics.Metric objects (tasks/metrics.py has small ones), made
         once; each is updated with every `eval_step`'s (predictions, targets)."""
 
-    @property
+    @cached_property  # made once: the metrics accumulate, and build_task adds to them
     def validation(self) -> dict[str, Metric]:
         """Every metric a validation updates: the task's own, then those `task.metrics`
         adds (build_task)."""
-        if "_validation" not in vars(self):
-            self._validation = dict(self.val_metrics())
-        return self._validation
+        return dict(self.val_metrics())
 
     @property
     def metrics(self) -> tuple[str, ...]:
