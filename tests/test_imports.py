@@ -69,7 +69,11 @@ NOT_CONFIGURED = (
     "gearshift.data.staging",  # data.stage_to
     "gearshift.engine.ema",  # ema.decay
     "gearshift.engine.muon",  # optimizer=muon
-    "gearshift.engine.warmup",  # optimizer.lr_warmup_steps before a scheduler._target_
+    "gearshift.engine.scheduler_class",  # scheduler._target_
+    "gearshift.engine.amp_choice",  # amp=on, bf16, fp16
+    "gearshift.engine.loss_scaling",  # amp=fp16
+    "gearshift.engine.decay_groups",  # optimizer.weight_decay_1d=false
+    "gearshift.tasks.added_metrics",  # task.metrics
     "gearshift.config.disk_checks",  # the sources read from disk
     "gearshift.observe.attention_probe",  # the advisor, for a model with attention
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA

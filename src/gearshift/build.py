@@ -75,7 +75,6 @@ from gearshift.tasks.metrics import (
     describe,
     failing_as,
     is_scalar,
-    stop_checking_arguments,
     task_name,
 )
 
@@ -405,7 +404,10 @@ def check_validation(
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         batch = to_device(task.example_batch(2, device), device, False, memory_format)
         check_metrics(task, model, batch, precision.autocast, configured)
-    stop_checking_arguments(task.validation, added)  # checked: no per-batch checks (syncs)
+    if added:  # checked: no per-batch checks (syncs)
+        from gearshift.tasks.added_metrics import stop_checking_arguments
+
+        stop_checking_arguments(task.validation, added)
 
 
 def build_precision(

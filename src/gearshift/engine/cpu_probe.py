@@ -1,7 +1,7 @@
 """amp=on's probe on a CPU: how fast bf16 and fp16 run here against float32, and whether
 oneDNN has native kernels for them. On some chips their kernels are native, on others
 emulated (many times slower than float32); amp=on's choice here (`choose_on_cpu`, for
-precision.py's resolve_amp) and the advisor's amp rule read it. Loaded only where amp=on
+amp_choice.py's choose) and the advisor's amp rule read it. Loaded only where amp=on
 resolves on a CPU, or the advisor judges amp=bf16/fp16 there.
 """
 

@@ -1,6 +1,10 @@
 """optimizer=muon: Muon on the model's hidden matrices and AdamW on the rest, as two
 torch optimizers that engine/optim.py's `Optimizers` steps, schedules and saves as one.
-Imported by build_optimizers only when the optimizer node is the muon preset."""
+Imported by build_optimizers only when the optimizer node is the muon preset.
+
+Under FSDP the matrices are DTensors sharded by rows; torch's Muon takes them as they are:
+its Newton-Schulz iteration runs on DTensors, whose matmuls and norm gather what they need,
+so every rank applies the update of the whole matrix to its shard."""
 
 from __future__ import annotations
 
@@ -42,9 +46,9 @@ def build_muon(model: nn.Module, optimizer_cfg: DictConfig) -> list[torch.optim.
     own = {"lr": keywords.pop("muon_lr", None), "weight_decay": weight_decay,
            "momentum": keywords.pop("muon_momentum", None)}  # fmt: skip
     muon = torch.optim.Muon(hidden, **{k: v for k, v in own.items() if v is not None})
-    groups = [{"params": rest}] if optimizer_cfg.weight_decay_1d else [
-        {"params": [p for p in rest if p.dim() >= 2], "weight_decay": weight_decay or 0.0},
-        {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
-    ]  # fmt: skip
-    groups = [g for g in groups if g["params"]]
+    groups = [{"params": rest}]
+    if not optimizer_cfg.weight_decay_1d:
+        from gearshift.engine.decay_groups import decay_groups
+
+        groups = decay_groups(rest, {"weight_decay": weight_decay or 0.0})
     return [muon, build("optimizer", PRESET_CLASSES["adamw"], groups, keywords)]

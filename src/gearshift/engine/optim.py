@@ -15,14 +15,15 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.optim.lr_scheduler import LRScheduler
 
-from gearshift.config.instantiate import accepts, build, plain
+from gearshift.config.instantiate import build, plain
 from gearshift.config.rules import locate
 from gearshift.config.schema import PRESET_CLASSES, SCHEDULE_FUNCTION, SCHEDULES, OptimizerConfig
 
 if TYPE_CHECKING:
-    from gearshift.engine.warmup import Warmup
+    from torch.optim.lr_scheduler import LRScheduler
+
+    from gearshift.engine.scheduler_class import Warmup
 
 
 def build_optimizers(
@@ -51,23 +52,14 @@ def build_schedule(
     optimizer: torch.optim.Optimizer, optimizer_cfg: DictConfig, scheduler: DictConfig | None,
     total_steps: int,
 ) -> Schedule:  # fmt: skip
-    """`optimizer`'s lr schedule: the scheduler node's class after the warm-up of
-    optimizer.lr_warmup_steps, or the built-in's factor (warm-up included)."""
+    """`optimizer`'s lr schedule: the built-in's factor (warm-up included), or the scheduler
+    node's class after the warm-up of optimizer.lr_warmup_steps."""
     target = None if scheduler is None else scheduler.get("_target_")
     if target is None:
         return Builtin(optimizer, schedule_factor(optimizer_cfg, total_steps))
-    warmup = optimizer_cfg.lr_warmup_steps
-    keywords = plain({k: v for k, v in scheduler.items() if k != "_target_"})
-    if "total_steps" not in keywords and accepts(
-        locate("scheduler._target_", target), "total_steps", by_name=True
-    ):
-        keywords["total_steps"] = max(1, total_steps - warmup)  # the steps it schedules
-    schedule = build("scheduler", target, optimizer, keywords)
-    if not warmup:
-        return schedule
-    from gearshift.engine.warmup import Warmup  # lr_warmup_steps before the class's schedule
+    from gearshift.engine.scheduler_class import class_schedule  # scheduler._target_ only
 
-    return Warmup(optimizer, warmup, schedule)
+    return class_schedule(optimizer, target, scheduler, optimizer_cfg.lr_warmup_steps, total_steps)
 
 
 class Builtin:
@@ -101,7 +93,7 @@ class Builtin:
         self.last_epoch = state["last_epoch"]
 
 
-# a string: Warmup (engine/warmup.py) loads only where build_schedule uses it
+# a string: Warmup (engine/scheduler_class.py) loads only where build_schedule uses it
 Schedule: TypeAlias = "LRScheduler | Builtin | Warmup"
 
 
@@ -125,28 +117,18 @@ def in_a_presets_place(optimizer_cfg: DictConfig) -> str | None:
 
 
 def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Optimizer:
-    """The class `optimizer._target_` names, built as `cls(parameter groups, **keywords)`:
-    the node's keys but the loop's (OptimizerConfig.keywords)."""
+    """The class `optimizer._target_` names, built as `cls(parameters, **keywords)`: the
+    node's keys but the loop's (OptimizerConfig.keywords). The parameters are one group, or
+    (weight_decay_1d=false) the decayed and the undecayed (engine/decay_groups.py); no
+    weight_decay: the class's default."""
     keywords = plain(OptimizerConfig.keywords(optimizer_cfg))
-    params = parameter_groups(model, keywords.get("weight_decay"), optimizer_cfg.weight_decay_1d)
-    return build("optimizer", OptimizerConfig.target(optimizer_cfg), params, keywords)
-
-
-def parameter_groups(
-    model: nn.Module, weight_decay: float | None, decay_1d: bool
-) -> list[dict[str, object]]:
-    """One group, or (decay_1d=false, as nanoGPT) the matrices (weights, embeddings: 2-D and
-    up) decayed and the 1-D parameters (biases, norm gains) not: decay pulls a LayerNorm's
-    gain towards 0, not towards its neutral 1. No weight_decay: the class's default."""
     params = list(model.parameters())
-    if decay_1d:
-        return [{"params": params}]
-    decayed = {} if weight_decay is None else {"weight_decay": weight_decay}
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], **decayed},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return [group for group in groups if group["params"]]
+    if not optimizer_cfg.weight_decay_1d:
+        from gearshift.engine.decay_groups import decay_groups  # weight_decay_1d=false only
+
+        decay = keywords.get("weight_decay")
+        params = decay_groups(params, {} if decay is None else {"weight_decay": decay})
+    return build("optimizer", OptimizerConfig.target(optimizer_cfg), params, keywords)
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
@@ -197,14 +179,10 @@ class Optimizers:
     """The run's optimizers as one stateful thing: the torch optimizers (one; optimizer=muon:
     Muon on the hidden matrices and AdamW on the rest), each with its lr schedule.
 
-    The loop steps, zeroes and schedules them here, fp16's GradScaler unscales and steps
-    each (`step`), and the checkpointer saves `state_dict()`: every optimizer's state keyed
-    by parameter name (torch.distributed.checkpoint's helpers, so it loads resharded at any
-    world size and strategy) beside the schedules' counters.
-
-    Under FSDP the matrices are DTensors sharded by rows; torch's Muon takes them as they
-    are: its Newton-Schulz iteration runs on DTensors, whose matmuls and norm gather what
-    they need, so every rank applies the update of the whole matrix to its shard."""
+    The loop steps, zeroes and schedules them here (fp16: through the GradScaler,
+    engine/loss_scaling.py), and the checkpointer saves `state_dict()`: every optimizer's
+    state keyed by parameter name (torch.distributed.checkpoint's helpers, so it loads
+    resharded at any world size and strategy) beside the schedules' counters."""
 
     sharded = True  # the checkpointer writes each rank's shards (state/checkpointer.py)
 
@@ -222,32 +200,19 @@ class Optimizers:
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        """Every optimizer's groups, the same dicts (what the schedules scale)."""
+        """Every optimizer's groups, the same dicts (what the schedules scale, and fp16's
+        GradScaler reads of several optimizers as one)."""
         return [group for optimizer in self.optimizers for group in optimizer.param_groups]
 
     def lr(self) -> float:
         """The first group's learning rate now, for the log (train/lr; under muon, Muon's)."""
         return self.optimizers[0].param_groups[0]["lr"]
 
-    def unscale_(self, scaler: torch.amp.GradScaler) -> None:
-        """fp16: divide every optimizer's gradients by the loss scale now."""
-        scaler.unscale_(self._scaled())
-
-    def step(self, scaler: torch.amp.GradScaler | None = None) -> None:
-        """One update of every optimizer; `scaler` (fp16): through the GradScaler, which skips
-        the update when the gradients hold inf/nan. The caller updates the scale once."""
-        if scaler is not None:
-            scaler.step(self._scaled())  # calls our step() again, without the scaler
-            return
+    def step(self) -> None:
+        """One update of every optimizer (fp16: what the GradScaler calls, once it found the
+        gradients finite: engine/loss_scaling.py)."""
         for optimizer in self.optimizers:
             optimizer.step()
-
-    def _scaled(self) -> torch.optim.Optimizer | Optimizers:
-        """What the GradScaler unscales and steps: one optimizer itself (a fused one takes
-        the scale and skips on the device, with no host read), several as one (GradScaler
-        reads `param_groups` and calls `step()`): one inf/nan read a step, not one per
-        optimizer, and they skip together."""
-        return self.optimizers[0] if len(self.optimizers) == 1 else self
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for optimizer in self.optimizers:

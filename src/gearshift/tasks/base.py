@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -35,7 +36,7 @@ from torchmetrics import Metric
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 from gearshift.config.targets import TRAINER_KEYS
-from gearshift.tasks.metrics import build_metrics, describe, task_name
+from gearshift.tasks.metrics import describe, task_name
 
 Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
@@ -137,13 +138,11 @@ class Task(ABC):
         val_<name>): torchmetrics.Metric objects (tasks/metrics.py has small ones), made
         once; each is updated with every `eval_step`'s (predictions, targets)."""
 
-    @property
+    @cached_property  # made once: the metrics accumulate, and build_task adds to them
     def validation(self) -> dict[str, Metric]:
         """Every metric a validation updates: the task's own, then those `task.metrics`
         adds (build_task)."""
-        if "_validation" not in vars(self):
-            self._validation = dict(self.val_metrics())
-        return self._validation
+        return dict(self.val_metrics())
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -184,5 +183,8 @@ def build_task(node: DictConfig) -> Task:
             f"{type(task).__name__}, expected a subclass of gearshift.tasks.Task"
         )
     task.monitor, task.mode = monitor or task.monitor, mode or task.mode
-    task.validation.update(build_metrics(added, task.validation))
+    if added is not None:
+        from gearshift.tasks.added_metrics import build_metrics  # task.metrics only
+
+        task.validation.update(build_metrics(added, task.validation))
     return task

@@ -7,7 +7,9 @@ unlike the loss per token, does not depend on the tokenizer (nanochat reports it
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,7 @@ from torchmetrics import Metric
 
 from gearshift.config import ConfigError
 from gearshift.tasks.base import Batch, Task
-from gearshift.tasks.metrics import Derived, TokenCrossEntropy, perplexity
+from gearshift.tasks.metrics import Mean
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,45 @@ class SampleSettings:
                 f"task.sample_temperature={temperature!r} is not allowed; expected a number >= 0 "
                 "(0: greedy)"
             )
+
+
+class TokenCrossEntropy(Mean):
+    """The mean cross-entropy per predicted token of logits (batch, time, vocabulary):
+    positions whose target is `ignore_index` count for nothing."""
+
+    def __init__(self, ignore_index: int = -100) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+
+    def values(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = predictions.flatten(0, 1).float()
+        return F.cross_entropy(
+            logits, targets.flatten(), ignore_index=self.ignore_index, reduction="none"
+        )
+
+    def weights(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (targets != self.ignore_index).sum()
+
+
+class Derived(Metric):
+    """A value computed from another metric of the same task (a perplexity from the loss):
+    that one accumulates and syncs; this one only reads its result."""
+
+    full_state_update = False
+
+    def __init__(self, source: Metric, value: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__()
+        self.source, self.value = source, value
+
+    def update(self, predictions: Any, targets: Any) -> None:
+        pass  # the source is updated in its own right
+
+    def compute(self) -> torch.Tensor:
+        return self.value(self.source.compute())  # on the device: no host read
+
+
+def perplexity(loss: torch.Tensor) -> torch.Tensor:
+    return loss.clamp(max=80.0).exp()  # capped: a diverged model's is not worth an overflow
 
 
 class LanguageModel(Task):

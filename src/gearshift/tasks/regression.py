@@ -10,7 +10,17 @@ from torch import nn
 from torchmetrics import Metric
 
 from gearshift.tasks.base import IMAGE_FIELDS, LABEL_FIELDS, Batch, Task
-from gearshift.tasks.metrics import MeanAbsoluteError, MeanSquaredError
+from gearshift.tasks.metrics import Mean
+
+
+class MeanSquaredError(Mean):
+    def values(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (predictions.float() - targets).square()
+
+
+class MeanAbsoluteError(Mean):
+    def values(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return (predictions.float() - targets).abs()
 
 
 class Regression(Task):

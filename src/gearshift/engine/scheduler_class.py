@@ -1,13 +1,34 @@
-"""A linear warm-up before a scheduler class's schedule: `optimizer.lr_warmup_steps` > 0
-with `scheduler._target_` set, the one case it is loaded for (engine/optim.py
-build_schedule); the built-in schedule warms up within its own factor."""
+"""A scheduler class's lr schedule (`scheduler._target_`, a torch.optim.lr_scheduler class
+or one's own), after the linear warm-up of `optimizer.lr_warmup_steps`. Loaded only where
+`scheduler._target_` is set (engine/optim.py build_schedule); the built-in schedule warms up
+within its own factor."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from omegaconf import DictConfig
 from torch.optim.lr_scheduler import LRScheduler
+
+from gearshift.config.instantiate import accepts, build, plain
+from gearshift.config.rules import locate
+
+
+def class_schedule(
+    optimizer: torch.optim.Optimizer, target: str, scheduler: DictConfig, warmup: int,
+    total_steps: int,
+) -> LRScheduler | Warmup:  # fmt: skip
+    """The class `target` names, built over `optimizer` with the scheduler node's other keys
+    (and `total_steps`, the steps it schedules, where it takes one and the node gives none),
+    behind a `Warmup` of `warmup` steps unless that is 0."""
+    keywords = plain({k: v for k, v in scheduler.items() if k != "_target_"})
+    if "total_steps" not in keywords and accepts(
+        locate("scheduler._target_", target), "total_steps", by_name=True
+    ):
+        keywords["total_steps"] = max(1, total_steps - warmup)  # the steps it schedules
+    schedule = build("scheduler", target, optimizer, keywords)
+    return Warmup(optimizer, warmup, schedule) if warmup else schedule
 
 
 class Warmup:
