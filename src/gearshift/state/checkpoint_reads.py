@@ -1,5 +1,6 @@
 """Reading checkpoints back (state/checkpoint_folders.py writes them; state/checkpointer.py
-says what they hold): a folder's metadata with its shard files checked, the job's parts, a
+says what they hold): the checkpoint a run starts from (`Saved`, read by state/checkpointer.py
+`read_resume`), a folder's metadata with its shard files checked, the job's parts, a
 whole checkpoint consolidated in this process, and the work of the parts' `load_state_dict`
 (the model's weights checked against its shapes, the random generators, the position).
 

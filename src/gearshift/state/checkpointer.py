@@ -211,14 +211,12 @@ class Checkpointer:
         checkpoint's."""
         self.wait()
         path = checkpoint_path(self.folder, position.step)
-        if self.best_at == position.key:
-            if not self.ranks.is_zero:
-                return None
+        if self.best_at != position.key:
+            check()
+            self._write(path, rotated=True)
+        elif self.ranks.is_zero:
             link_checkpoint(self.folder / BEST, path)
             self._rotated(path)
-            return path
-        check()
-        self._write(path, rotated=True)
         return path if self.ranks.is_zero else None
 
     def save_best(self, position: Position, check: Callable[[], None]) -> None:
