@@ -97,9 +97,9 @@ def bench_checkpoint(repeats: int, steps: int = 3, n_layer: int = 8, n_embd: int
                 checkpointer.save(position, check=lambda: None)
                 stall = time.perf_counter() - start
                 written = [time.perf_counter()]  # sync: written when save() returns
-                if checkpointer.pending is not None:
+                if checkpointer.writes is not None:  # async: written when its future is done
                     written = []
-                    checkpointer.pending[1].add_done_callback(
+                    checkpointer.writes.pending[1].add_done_callback(
                         lambda _, written=written: written.append(time.perf_counter())
                     )
                 times = [step() for _ in range(steps)]

@@ -14,10 +14,9 @@ import gearshift.build
 from gearshift import evaluate
 from gearshift.engine import cpu_probe
 from gearshift.observe import findings
-from gearshift.state import checkpointer
+from gearshift.state import checkpoint_reads
 from gearshift.state.checkpoint_folders import latest_checkpoint
-from gearshift.state.checkpoint_reads import load_checkpoint
-from gearshift.state.checkpointer import Saved
+from gearshift.state.checkpoint_reads import Saved, load_checkpoint
 from train import fit
 
 SMALL = ("model=mlp", "data.image_size=8", "data.num_val_samples=32")
@@ -79,8 +78,8 @@ def test_a_resumed_start_reads_its_checkpoint_once(tmp_path, monkeypatch):
     cfg = make_cfg(*SMALL, "batch_size=auto", "batch_size_finder.max_batch_size=32", "max_steps=2")
     fit(cfg, tmp_path)
     reads = []
-    load = checkpointer.read_state  # the job's parts: config, decisions, position, ...
-    monkeypatch.setattr(checkpointer, "read_state", lambda p: reads.append(p) or load(p))
+    load = checkpoint_reads.read_state  # the job's parts: config, decisions, position, ...
+    monkeypatch.setattr(checkpoint_reads, "read_state", lambda p: reads.append(p) or load(p))
     cfg.max_steps = 4
     summary = fit(cfg, tmp_path).summary
     assert summary["steps"] == 4 and len(reads) == 1

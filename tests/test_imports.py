@@ -85,6 +85,7 @@ NOT_CONFIGURED = (
     "gearshift.state.checkpoint_reads",  # a checkpoint read: resume, evaluate, model.init_from
     "gearshift.engine.optim_loading",  # a resumed run
     "gearshift.state.checkpoint_failures",  # a checkpoint save or load that fails
+    "gearshift.state.async_writes",  # checkpoint.async_save=true
     "gearshift.config.unknown_keys",  # a command line that fails
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv

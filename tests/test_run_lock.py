@@ -37,7 +37,7 @@ def test_a_second_holder_is_refused_with_the_pid_and_a_killed_holder_frees_the_f
 def test_holder_writes_nothing_in_a_folder_without_a_lock(tmp_path):
     assert run_lock.holder(tmp_path / "absent") is None
     assert not (tmp_path / "absent").exists()
-    run_lock.wait_until_free(tmp_path / "absent")  # nothing to wait for
+    assert run_lock.holder(tmp_path / "absent", wait=True) is None  # nothing to wait for
 
 
 def arguments(run_dir, *overrides: str) -> list[str]:

@@ -65,7 +65,6 @@ from gearshift.state.checkpointer import (
     Layout,
     ModelState,
     RngState,
-    Saved,
     read_resume,
 )
 from gearshift.state.position import Position
@@ -87,6 +86,7 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
     from gearshift.observe.plan import PlanCheck
     from gearshift.observe.profiler import Profiler
     from gearshift.observe.samples import Sampler
+    from gearshift.state.checkpoint_reads import Saved
 
 log = logging.getLogger(__name__)
 

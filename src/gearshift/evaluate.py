@@ -44,8 +44,8 @@ from gearshift.observe.loggers import write_json_atomic
 from gearshift.parallel.distributed import Ranks
 from gearshift.run_endings import EXIT_BAD_CONFIG, culprit, describe_error
 from gearshift.state.checkpoint_folders import CheckpointError
-from gearshift.state.checkpoint_reads import load_checkpoint
-from gearshift.state.checkpointer import ModelState, Saved
+from gearshift.state.checkpoint_reads import Saved, load_checkpoint
+from gearshift.state.checkpointer import ModelState
 from gearshift.state.restore import load_parts
 from gearshift.tasks.metrics import ValidationFailed
 

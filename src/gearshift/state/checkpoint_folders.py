@@ -45,18 +45,6 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used for this run; the message is one line."""
 
 
-def find_resume(resume: str | None, folder: Path) -> Path | None:
-    """resume=null: start fresh; auto: the newest checkpoint in `folder`, if any; else a path."""
-    if resume is None:
-        return None
-    if resume != "auto":
-        return Path(resume)
-    path = latest_checkpoint(folder) if folder.is_dir() else None
-    if path is None:
-        log.debug("resume=auto: no checkpoint in %s yet, starting fresh", folder)
-    return path
-
-
 def checkpoint_path(folder: Path, step: int) -> Path:
     return folder / f"step_{step:09d}"
 
@@ -146,7 +134,3 @@ def to_bytes(state: Any) -> bytes:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
-
-
-def from_bytes(data: bytes) -> Any:
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

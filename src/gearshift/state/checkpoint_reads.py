@@ -1,5 +1,6 @@
 """Reading checkpoints back (state/checkpoint_folders.py writes them; state/checkpointer.py
-says what they hold): a folder's metadata with its shard files checked, the job's parts, a
+says what they hold): the checkpoint a run starts from (`Saved`, read by state/checkpointer.py
+`read_resume`), a folder's metadata with its shard files checked, the job's parts, a
 whole checkpoint consolidated in this process, and the work of the parts' `load_state_dict`
 (the model's weights checked against its shapes, the random generators, the position).
 
@@ -9,8 +10,10 @@ model.init_from.
 
 from __future__ import annotations
 
+import io
 import logging
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,46 @@ import numpy as np
 import torch
 from torch import nn
 
-from gearshift.state.checkpoint_folders import EXTRA, METADATA, CheckpointError, from_bytes
+from gearshift.state.checkpoint_folders import EXTRA, METADATA, CheckpointError
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class Saved:
+    """A checkpoint read at the start of a run: its path and its job parts (an older
+    single-file checkpoint: everything in it)."""
+
+    path: Path
+    state: dict[str, Any]
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.state.get("config", {})
+
+    @property
+    def sharded(self) -> bool:
+        """A DCP folder, whose tensors are read by state/restore.py `restore`."""
+        return self.path.is_dir()
+
+    @property
+    def decisions(self) -> dict[str, Any]:
+        """The saved run's decisions, as its summary.json's `gears` names them (checkpoints
+        written before the whole record was kept: amp=on's alone; older ones: none)."""
+        kept = self.state.get("decisions", {})
+        if isinstance(kept.get("amp"), dict):  # {"amp": {"dtype", "reason"}}
+            return {"amp": kept["amp"]["dtype"], "amp_reason": kept["amp"]["reason"]}
+        return kept
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """What a start reads of the checkpoint at `path`: a folder's job parts, or a file."""
+    return read_extra(path) if path.is_dir() else load_checkpoint(path)
+
+
+def from_bytes(data: bytes) -> Any:
+    """A non-tensor part of a DCP checkpoint (state/checkpoint_folders.py `to_bytes`)."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def read_metadata(path: Path):

@@ -19,15 +19,8 @@ lr schedule, in one state dict.
 
 Resuming is the reverse: the job's parts are read once per start (`read_resume`), the build
 takes the decisions it needs from them, and `restore` (state/restore.py, loaded by a
-resumed run only) loads the shards into this run's
-layout and hands each registered part its own state. The RNG streams come back exactly
-when the world size is the same; on another world size each rank is reseeded from
-(seed, rank, step), since a rank's stream has no counterpart there.
-
-`checkpoint.async_save=true`: DCP's asynchronous save. The loop waits while the state is
-copied to host memory; the write goes on in a background thread; the next save, the end
-of the run and a stop wait for it (`wait`), and a write that failed ends the run there
-with one line. The folder is renamed into place only after its write completed.
+resumed run only) hands each registered part its own state, resharded to this run.
+`checkpoint.async_save=true` writes in the background: state/async_writes.py.
 """
 
 from __future__ import annotations
@@ -35,10 +28,10 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -52,7 +45,6 @@ from gearshift.state.checkpoint_folders import (
     EXTRA,
     checkpoint_path,
     clean_temporaries,
-    find_resume,
     latest_checkpoint,
     link_checkpoint,
     publish,
@@ -61,6 +53,10 @@ from gearshift.state.checkpoint_folders import (
     to_bytes,
 )
 from gearshift.state.position import Position
+
+if TYPE_CHECKING:
+    from gearshift.state.async_writes import AsyncWrites
+    from gearshift.state.checkpoint_reads import Saved
 
 log = logging.getLogger(__name__)
 
@@ -71,44 +67,21 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-@dataclass
-class Saved:
-    """A checkpoint read at the start of a run: its path and its job parts (an older
-    single-file checkpoint: everything in it)."""
-
-    path: Path
-    state: dict[str, Any]
-
-    @property
-    def config(self) -> dict[str, Any]:
-        return self.state.get("config", {})
-
-    @property
-    def sharded(self) -> bool:
-        """A DCP folder, whose tensors are read by state/restore.py `restore`."""
-        return self.path.is_dir()
-
-    @property
-    def decisions(self) -> dict[str, Any]:
-        """The saved run's decisions, as its summary.json's `gears` names them (checkpoints
-        written before the whole record was kept: amp=on's alone; older ones: none)."""
-        kept = self.state.get("decisions", {})
-        if isinstance(kept.get("amp"), dict):  # {"amp": {"dtype", "reason"}}
-            return {"amp": kept["amp"]["dtype"], "amp_reason": kept["amp"]["reason"]}
-        return kept
-
-
-def read_state(path: Path) -> dict[str, Any]:
-    """What a start reads of the checkpoint at `path`: a folder's job parts, or a file."""
-    from gearshift.state.checkpoint_reads import load_checkpoint, read_extra  # resuming
-
-    return read_extra(path) if path.is_dir() else load_checkpoint(path)
-
-
 def read_resume(resume: str | None, folder: Path) -> Saved | None:
-    """The checkpoint `resume` names (auto: the newest in `folder`), read once; or None."""
-    path = find_resume(resume, folder)
-    return None if path is None else Saved(path, read_state(path))
+    """The checkpoint `resume` names (null: none; auto: the newest in `folder`, if any; else
+    a path), read once; or None."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        path = latest_checkpoint(folder) if folder.is_dir() else None
+        if path is None:
+            log.debug("resume=auto: no checkpoint in %s yet, starting fresh", folder)
+            return None
+    else:
+        path = Path(resume)
+    from gearshift.state.checkpoint_reads import Saved, read_state  # resuming
+
+    return Saved(path, read_state(path))
 
 
 class ModelState:
@@ -199,13 +172,11 @@ class Checkpointer:
         self.layout = layout
         self.parts: dict[str, Stateful | None] = {}
         self.best_at: tuple[int, int, int] | None = None  # where best/ was last written
-        self.async_save = cfg.async_save
-        self.pending: tuple[Path, Future] | None = None  # a background write and its folder
-        self.group = None  # async: the writes' own process group (their collectives run
-        if self.async_save and torch.distributed.is_initialized():  # beside the loop's)
-            self.group = torch.distributed.new_group(backend="gloo")
-        self.finisher = ThreadPoolExecutor(1, "checkpoint") if self.async_save else None
-        self.stager = None  # async: host buffers the state is copied into, kept for each save
+        self.writes: AsyncWrites | None = None  # checkpoint.async_save: the background writes
+        if cfg.async_save:
+            from gearshift.state.async_writes import AsyncWrites
+
+            self.writes = AsyncWrites(self._failed)
 
     def register(self, name: str, part: Stateful | None) -> None:
         """Save `part` under `name` (None: a part this run does not have)."""
@@ -240,14 +211,12 @@ class Checkpointer:
         checkpoint's."""
         self.wait()
         path = checkpoint_path(self.folder, position.step)
-        if self.best_at == position.key:
-            if not self.ranks.is_zero:
-                return None
+        if self.best_at != position.key:
+            check()
+            self._write(path, rotated=True)
+        elif self.ranks.is_zero:
             link_checkpoint(self.folder / BEST, path)
             self._rotated(path)
-            return path
-        check()
-        self._write(path, rotated=True)
         return path if self.ranks.is_zero else None
 
     def save_best(self, position: Position, check: Callable[[], None]) -> None:
@@ -271,28 +240,15 @@ class Checkpointer:
             self.folder.mkdir(parents=True, exist_ok=True)
             clean_temporaries(self.folder)
         state = self.state()
-        if not self.async_save:
-            try:
-                dcp.save(state, checkpoint_id=str(tmp), planner=planner)
-            except BaseException as error:  # DCP's CheckpointException is no Exception
-                if isinstance(error, KeyboardInterrupt | SystemExit):
-                    raise
-                raise self._failed(path, error) from None
-            self._finish(tmp, path, rotated)
+        if self.writes is not None:
+            self.writes.write(state, tmp, path, planner, partial(self._finish, tmp, path, rotated))
             return
-        if self.stager is None:  # reused: a save copies into memory that is already mapped
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-
-            self.stager = DefaultStager(StagingOptions(False, False, False, False))
-        upload = dcp.async_save(
-            state, checkpoint_id=str(tmp), process_group=self.group, planner=planner,
-            async_stager=self.stager,
-        )  # fmt: skip
-        # the state is staged (copied to host memory): the loop goes on while it is written
-        self.pending = (path, self.finisher.submit(self._await, upload, tmp, path, rotated))
-
-    def _await(self, upload: Future, tmp: Path, path: Path, rotated: bool) -> None:
-        upload.result()
+        try:
+            dcp.save(state, checkpoint_id=str(tmp), planner=planner)
+        except BaseException as error:  # DCP's CheckpointException is no Exception
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
+            raise self._failed(path, error) from None
         self._finish(tmp, path, rotated)
 
     def _finish(self, tmp: Path, path: Path, rotated: bool) -> None:
@@ -310,35 +266,21 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Wait for the background write in flight, if any; one line if it failed."""
-        if self.pending is None:
-            return
-        (path, write), self.pending = self.pending, None
-        try:
-            write.result()
-        except BaseException as error:  # DCP's CheckpointException is no Exception
-            if isinstance(error, KeyboardInterrupt | SystemExit):
-                raise
-            raise self._failed(path, error) from None
+        if self.writes is not None:
+            self.writes.wait()
 
     def _failed(self, path: Path, error: BaseException) -> CheckpointWriteFailed:
         """The one line a failed write ends the run with."""
         from gearshift.state.checkpoint_failures import write_failure  # a failed write only
 
-        return CheckpointWriteFailed(write_failure(path, error, self.async_save, self.latest()))
+        async_save = self.writes is not None
+        return CheckpointWriteFailed(write_failure(path, error, async_save, self.latest()))
 
     def close(self, quiet: bool = False) -> None:
-        """The end of the run: wait for the last write (`quiet`: the run already fails, so
-        a failed write is logged instead of raised), then free the staging buffers."""
-        try:
-            self.wait()
-        except CheckpointWriteFailed as error:
-            if not quiet:
-                raise
-            log.error("%s", error)
-        finally:
-            if self.stager is not None:
-                self.stager.close()
-                self.stager = None
+        """The end of the run: the last background write waited for (`quiet`: the run
+        already fails, so a failed write is logged instead of raised)."""
+        if self.writes is not None:
+            self.writes.close(quiet)
 
     def latest(self) -> Path | None:
         return latest_checkpoint(self.folder) if self.folder.is_dir() else None

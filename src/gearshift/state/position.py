@@ -30,9 +30,8 @@ class Position:
     samples: int = 0  # samples this rank trained on
     trained: int = 0  # samples the whole job trained on, nominal (global_batch a batch)
     global_batch: int = field(default=0, repr=False, compare=False)  # samples per batch, all ranks
-    epoch_batches: int = field(
-        default=0, repr=False, compare=False
-    )  # this rank's, from epoch_start
+    # this rank's batches in the epoch, from epoch_start
+    epoch_batches: int = field(default=0, repr=False, compare=False)
     # (this rank's `samples`, the job's `trained`) when this start resumed
     resumed_at: tuple[int, int] = field(default=(0, 0), repr=False, compare=False)
     # Iterable data: the stream batches (data/streams.py), whose state is part of this one

@@ -2,6 +2,9 @@
 part registered with the Checkpointer its state from the checkpoint the run resumes from,
 resharded to this run's layout; `load_parts` loads whole states (an older single file,
 evaluate). Loaded only by a run that resumes, and by evaluate.
+
+The RNG streams come back exactly when the world size is the same; on another world size
+each rank is reseeded from (seed, rank, step), since a rank's stream has no counterpart there.
 """
 
 from __future__ import annotations
@@ -14,16 +17,16 @@ import numpy as np
 from gearshift.engine.optim_loading import OptimizerStateMismatch
 from gearshift.engine.runtime import seed_everything
 from gearshift.state.checkpoint_failures import describe_failure
-from gearshift.state.checkpoint_folders import CheckpointError, from_bytes
-from gearshift.state.checkpoint_reads import ModelMismatch, mismatch, read_metadata, shapes
-from gearshift.state.checkpointer import (
-    OPTIONAL,
-    RANK_PARTS,
-    Checkpointer,
+from gearshift.state.checkpoint_folders import CheckpointError
+from gearshift.state.checkpoint_reads import (
+    ModelMismatch,
     Saved,
-    Stateful,
-    is_sharded,
+    from_bytes,
+    mismatch,
+    read_metadata,
+    shapes,
 )
+from gearshift.state.checkpointer import OPTIONAL, RANK_PARTS, Checkpointer, Stateful, is_sharded
 
 log = logging.getLogger(__name__)
 

@@ -55,33 +55,22 @@ def release(run_dir: Path) -> None:
         os.close(fd)  # closing the file drops its lock
 
 
-def holder(run_dir: Path) -> int | None:
+def holder(run_dir: Path, wait: bool = False) -> int | None:
     """The pid of the live process that holds `run_dir`'s lock (0 when it wrote none);
-    None when no process does. Writes nothing."""
+    None when no process does. `wait`: block until none does (the holder ended, however),
+    then None. Writes nothing."""
     try:
         fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return _pid_in(fd) or 0
     else:
         return None
     finally:
         os.close(fd)  # a shared lock taken to test is dropped with the file
-
-
-def wait_until_free(run_dir: Path) -> None:
-    """Block until no process holds `run_dir`'s lock (the holder ended, however)."""
-    try:
-        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    finally:
-        os.close(fd)
 
 
 def _pid_in(fd: int) -> int | None:

@@ -312,9 +312,9 @@ class StudySweeper(Sweeper):
         from optuna.trial import TrialState
 
         from gearshift.app import objective
-        from gearshift.state.run_lock import wait_until_free
+        from gearshift.state.run_lock import holder
 
-        wait_until_free(run_dir)
+        holder(run_dir, wait=True)  # until the trial's process ended
         summary = run_dir / "summary.json"
         if summary.exists():
             result = JobReturn(status=JobStatus.COMPLETED)
