@@ -88,7 +88,7 @@ NOT_CONFIGURED = (
     "gearshift.config.allowed_types",  # a value of the wrong type
     "gearshift.observe.guarded_backend",  # logger=wandb, tensorboard or csv
     "gearshift.run_endings",  # a run stopped, or refused; plan=on
-    "gearshift.observe.trial_reporter",  # trial.reporter: a run that is a study's trial
+    "gearshift.observe.trial",  # trial.reporter: a run that is a study's trial
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
 )
 

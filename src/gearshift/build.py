@@ -50,7 +50,6 @@ from gearshift.observe.findings import Finding, Nodes, advise, log_findings
 from gearshift.observe.loss_watch import LossWatch
 from gearshift.observe.mfu import MFU
 from gearshift.observe.throughput import PerfMeter
-from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,
@@ -87,6 +86,7 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
     from gearshift.observe.plan import PlanCheck
     from gearshift.observe.profiler import Profiler
     from gearshift.observe.samples import Sampler
+    from gearshift.observe.trial import Reporter
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +203,17 @@ class ProfilerOff:
         return None  # summary.json's `profile`: none
 
     def report(self, logger: Any, step: int) -> None:
+        pass
+
+
+class NoReporter:
+    """A run that is no study's trial: nothing to report to, never pruned (so it does not
+    load observe/trial.py)."""
+
+    def report(self, step: int, value: float | None) -> bool:
+        return False
+
+    def fail(self, reason: str) -> None:
         pass
 
 
@@ -636,7 +647,11 @@ def build_run(
         from gearshift.observe.profiler import Profiler
 
         profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
-    reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
+    reporter: Reporter = NoReporter()
+    if cfg.trial.reporter is not None:  # the `trial` node: set by the sweeper
+        from gearshift.observe.trial import build_reporter
+
+        reporter = build_reporter(cfg.trial, ranks)
     meter = PerfMeter(device, cfg.warmup_steps)
     meter.leave_out(profiler.window)  # the profiled steps run slower
     # each step's loss on the device, read at log steps; on_nonfinite acts on it
