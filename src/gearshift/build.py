@@ -191,8 +191,6 @@ class ProfilerOff:
     """profile=off: the loop's calls to the profiler, which do nothing (so a run that does
     not profile does not load observe/profiler.py)."""
 
-    window = range(0)  # no step is slowed down
-
     def begin(self) -> None:
         pass
 
@@ -642,18 +640,18 @@ def build_run(
         folder, parts, gears, strategy, position, optimizers, best, saved, trained,
         batches_per_epoch,
     )  # fmt: skip
-    profiler = ProfilerOff()
-    if cfg.profile.enabled:  # profile=on
-        from gearshift.observe.profiler import Profiler
-
-        profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
     reporter: Reporter = NoReporter()
     if cfg.trial.reporter is not None:  # the `trial` node: set by the sweeper
         from gearshift.observe.trial import build_reporter
 
         reporter = build_reporter(cfg.trial, ranks)
-    meter = PerfMeter(device, cfg.warmup_steps)
-    meter.leave_out(profiler.window)  # the profiled steps run slower
+    if cfg.profile.enabled:  # profile=on
+        from gearshift.observe.profiler import ProfiledMeter, Profiler
+
+        profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
+        meter = ProfiledMeter(device, cfg.warmup_steps, profiler.window)  # they run slower
+    else:
+        profiler, meter = ProfilerOff(), PerfMeter(device, cfg.warmup_steps)
     # each step's loss on the device, read at log steps; on_nonfinite acts on it
     losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
     log.info(
