@@ -13,11 +13,8 @@ a float matmul measured at start-up. `achieved = flops_per_sample * samples/s` p
 A CPU's peak is timed once: a machine busier then than during the steps gives an MFU above
 1, which the summary reports as it is, with `peak_flops_beaten` true.
 
-A transformer that states its own analytical count (a `flops_per_token(time)` method, as
-models/gpt.py's GPT: 6 x parameters without the position embeddings + attention's
-12 x layers x heads x head_dim x time, nanoGPT's and PaLM's formula) is measured by that
-count, the one papers report, and the counted figure stands beside it in the summary
-(`flops_source` says which one MFU uses). FlopCounterMode has no formula for the CPU's
+A transformer that states its own analytical count (a `flops_per_token(time)` method) is
+measured by that count (analytic_flops.py). FlopCounterMode has no formula for the CPU's
 flash-attention kernels; the CUDA ones' formulas are lent to them here, so attention counts
 on both devices.
 """
@@ -34,7 +31,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from gearshift.data.loading import to_device
@@ -131,10 +127,9 @@ def count_flops_per_sample(
     of two samples.
 
     The pass runs on detached copies of the parameters and buffers, so the model's
-    gradients and BatchNorm statistics are left as they were.
+    gradients and BatchNorm statistics are left as they were, and so is the run's random
+    stream.
     """
-    batch = task.example_batch(2, device)  # two: BatchNorm needs more than one in training
-    batch = to_device(batch, device, False, memory_format)
     state = {
         name: p.detach().requires_grad_(p.requires_grad) for name, p in model.named_parameters()
     }
@@ -144,33 +139,16 @@ def count_flops_per_sample(
         return functional_call(model, state, args)
 
     counting = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
-    with counting as counter, recompute_disabled():
-        with precision.autocast():
-            loss, _ = task.loss_terms(detached_model, batch)
-        loss.backward()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        batch = task.example_batch(2, device)  # two: BatchNorm needs more than one in training
+        batch = to_device(batch, device, False, memory_format)
+        with counting as counter, recompute_disabled():
+            with precision.autocast():
+                loss, _ = task.loss_terms(detached_model, batch)
+            loss.backward()
     return counter.get_total_flops() / task.count(batch)
 
 
-def _measure_flops(model, task, device, precision, memory_format) -> float:
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # the run's random stream stays as it was
-        return count_flops_per_sample(model, task, device, precision, memory_format)
-
-
-def analytic_flops_per_sample(model: nn.Module, task: Task, device: torch.device) -> float | None:
-    """A transformer's own count, per sample (a sequence of the task's length), or None."""
-    flops_per_token = getattr(model, "flops_per_token", None)
-    if not callable(flops_per_token):
-        return None
-    tokens = task.tokens_per_sample
-    if tokens is None:  # a task that does not say: the length of its example sequences
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            batch = task.example_batch(1, device)
-            tokens = next(x for x in tree_leaves(batch) if isinstance(x, torch.Tensor)).shape[-1]
-    return flops_per_token(tokens) * tokens
-
-
-ANALYTIC = "analytic: the model's flops_per_token (6 x parameters + attention)"
 COUNTED = "counted: FlopCounterMode over a forward and backward pass"
 
 
@@ -194,9 +172,13 @@ class MFU:
         memory_format: torch.memory_format,
         strategy: str = "none",
     ) -> MFU:
-        counted = _measure_flops(model, task, device, precision, memory_format)
-        analytic = analytic_flops_per_sample(model, task, device)
-        flops, flops_source = (counted, COUNTED) if analytic is None else (analytic, ANALYTIC)
+        counted = count_flops_per_sample(model, task, device, precision, memory_format)
+        flops, flops_source, analytic = counted, COUNTED, None
+        if callable(getattr(model, "flops_per_token", None)):  # a transformer's own count
+            from gearshift.observe.analytic_flops import ANALYTIC, analytic_flops_per_sample
+
+            flops = analytic = analytic_flops_per_sample(model, task, device)
+            flops_source = ANALYTIC
         dtype = compute_dtype(precision, device, model)
         peak, source = peak_flops(device, dtype, matmul_precision)
         if peak and strategy == "dp" and torch.cuda.device_count() > 1:
