@@ -91,6 +91,7 @@ NOT_CONFIGURED = (
     "gearshift.observe.trial",  # trial.reporter: a run that is a study's trial
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
     "gearshift.observe.analytic_flops",  # a model with flops_per_token: model=gpt
+    "gearshift.observe.loss_skip",  # on_nonfinite=skip
 )
 
 

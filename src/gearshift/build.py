@@ -653,7 +653,12 @@ def build_run(
     else:
         profiler, meter = ProfilerOff(), PerfMeter(device, cfg.warmup_steps)
     # each step's loss on the device, read at log steps; on_nonfinite acts on it
-    losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
+    if cfg.on_nonfinite == "skip":  # a NaN/inf step's update skipped
+        from gearshift.observe.loss_skip import SkippingLossWatch
+
+        losses = SkippingLossWatch(device, cfg.log_every_n_steps)
+    else:
+        losses = LossWatch(device, cfg.log_every_n_steps)
     log.info(
         "on this machine: amp -> %s; loader workers -> %d (%s)",
         parts.precision.reason, parts.gears["num_workers"], parts.gears["num_workers_reason"],
