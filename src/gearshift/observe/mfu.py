@@ -22,10 +22,10 @@ on both devices.
 from __future__ import annotations
 
 import logging
-import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import torch
@@ -45,11 +45,8 @@ _aten = torch.ops.aten
 
 def _as_counted(flash_op) -> Callable[..., int]:
     """The registered formula of a CUDA flash-attention op, for a CPU op of the same maths."""
-    formula = flop_registry[flash_op]  # takes tensors already (shape-wrapped when registered)
-
-    def count(*args, **kwargs) -> int:
-        return formula(*args, **kwargs)
-
+    # the registered formula takes tensors already (shape-wrapped when registered)
+    count = partial(flop_registry[flash_op])
     count._get_raw = True  # FlopCounterMode: do not wrap it a second time
     return count
 
@@ -76,20 +73,14 @@ def cpu_matmul_peak(dtype: torch.dtype, matmul_precision: str, threads: int) -> 
     n, g = 256, torch.Generator().manual_seed(0)  # its own stream: the run's stays untouched
     while True:
         a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
-        torch.mm(a, b)  # warm up: kernels and caches
-        best = _time_matmul(a, b)
+        matmul = partial(torch.mm, a, b)
+        matmul()  # warm up: kernels and caches
+        best = timeit.timeit(matmul, number=1)
         if n >= 2048 or best * 8 > 0.25:
             break
         n *= 2
-    for _ in range(4 if best < 0.25 else 1):
-        best = min(best, _time_matmul(a, b))
-    return 2 * n**3 / best, n
-
-
-def _time_matmul(a: torch.Tensor, b: torch.Tensor) -> float:
-    start = time.perf_counter()
-    torch.mm(a, b)
-    return time.perf_counter() - start
+    repeats = timeit.repeat(matmul, number=1, repeat=4 if best < 0.25 else 1)
+    return 2 * n**3 / min(best, *repeats), n
 
 
 def compute_dtype(precision: Precision, device: torch.device, model: nn.Module) -> str:
