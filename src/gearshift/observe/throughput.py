@@ -90,14 +90,12 @@ class PerfMeter:
 
     def timed(self, batches: Iterable) -> Iterator:
         """Yield from `batches`, counting how long the host waited for each one."""
-        iterator = iter(batches)
-        while True:
-            start = time.perf_counter()
-            batch = next(iterator, None)
-            if batch is None:
-                return
+        iterator = iter(batches)  # a loader's start (its workers) is no wait for a batch
+        start = time.perf_counter()
+        for batch in iterator:
             self.add_data_wait(time.perf_counter() - start)
             yield batch
+            start = time.perf_counter()
 
     def add_data_wait(self, seconds: float) -> None:
         self._current.data_wait_seconds += seconds
