@@ -94,8 +94,10 @@ NOT_CONFIGURED = (
     "gearshift.observe.nonfinite",  # a NaN/inf loss or weights
     "gearshift.config.allowed_types",  # a value of the wrong type
     "gearshift.run_endings",  # a run stopped, or refused; plan=on
-    "gearshift.observe.trial_reporter",  # trial.reporter: a run that is a study's trial
+    "gearshift.observe.trial",  # trial.reporter: a run that is a study's trial
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
+    "gearshift.observe.analytic_flops",  # a model with flops_per_token: model=gpt
+    "gearshift.observe.loss_skip",  # on_nonfinite=skip
 )
 
 

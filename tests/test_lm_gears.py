@@ -17,8 +17,9 @@ from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.models.factory import build_model
+from gearshift.observe.analytic_flops import analytic_flops_per_sample
 from gearshift.observe.findings import advise_config
-from gearshift.observe.mfu import MFU, analytic_flops_per_sample, count_flops_per_sample
+from gearshift.observe.mfu import MFU, count_flops_per_sample
 from train import fit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touches the device

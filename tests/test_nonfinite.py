@@ -179,7 +179,7 @@ def test_memory_snapshot_is_written_at_the_end_of_a_cuda_run(tmp_path):
 def test_loss_watch_sums_micro_batches_per_step_and_names_the_first_bad_one():
     from gearshift.observe.loss_watch import LossWatch
 
-    watch = LossWatch("stop", torch.device("cpu"), steps_between_reads=2)
+    watch = LossWatch(torch.device("cpu"), steps_between_reads=2)
     losses = {11: [0.5, 0.25], 12: [1.0, float("inf")], 13: [float("nan"), 1.0], 14: [2.0, 2.0]}
     for step, micro_batches in losses.items():  # accum=2; 4 steps overflow the 2 slots
         for loss in micro_batches:
@@ -191,9 +191,9 @@ def test_loss_watch_sums_micro_batches_per_step_and_names_the_first_bad_one():
 
 
 def test_loss_watch_skip_mode_leaves_the_bad_step_out_of_the_loss():
-    from gearshift.observe.loss_watch import LossWatch
+    from gearshift.observe.loss_skip import SkippingLossWatch
 
-    watch = LossWatch("skip", torch.device("cpu"), steps_between_reads=4)
+    watch = SkippingLossWatch(torch.device("cpu"), steps_between_reads=4)
     allowed = []
     for step, loss in enumerate([1.0, float("nan"), 3.0], start=1):
         watch.add(torch.tensor(loss), step)
@@ -203,9 +203,9 @@ def test_loss_watch_skip_mode_leaves_the_bad_step_out_of_the_loss():
 
 
 def test_loss_watch_sums_the_tasks_terms_beside_the_loss_and_skips_them_with_it():
-    from gearshift.observe.loss_watch import LossWatch
+    from gearshift.observe.loss_skip import SkippingLossWatch
 
-    watch = LossWatch("skip", torch.device("cpu"), steps_between_reads=1)
+    watch = SkippingLossWatch(torch.device("cpu"), steps_between_reads=1)
     allowed = []
     # accum=2: each micro-batch's loss arrives divided by 2, its terms are divided here
     for step, (loss, aux) in enumerate([(1.0, 4.0), (float("nan"), 8.0), (3.0, 2.0)], start=1):

@@ -12,7 +12,7 @@ import torch
 from helpers import make_cfg
 
 from gearshift.config import ConfigError, check_config
-from gearshift.observe.throughput import PerfMeter
+from gearshift.observe.profiler import ProfiledMeter
 from train import fit
 
 
@@ -68,8 +68,7 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
 
 
 def test_meter_leaves_out_a_window_of_steps():
-    meter = PerfMeter(torch.device("cpu"), warmup_steps=1)
-    meter.leave_out(range(3, 5))  # steps 3 and 4: slow, profiled
+    meter = ProfiledMeter(torch.device("cpu"), warmup_steps=1, window=range(3, 5))  # slow steps
     for step in range(1, 7):
         meter.add_data_wait(0.001)
         if step in (3, 4):

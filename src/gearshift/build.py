@@ -50,7 +50,6 @@ from gearshift.models.factory import build_model, compile_model, memory_layout, 
 from gearshift.observe.loss_watch import LossWatch
 from gearshift.observe.mfu import MFU
 from gearshift.observe.throughput import PerfMeter
-from gearshift.observe.trial import Reporter, build_reporter
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,
@@ -86,6 +85,7 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
     from gearshift.observe.plan import PlanCheck
     from gearshift.observe.profiler import Profiler
     from gearshift.observe.samples import Sampler
+    from gearshift.observe.trial import Reporter
     from gearshift.state.checkpoint_reads import Saved
 
 log = logging.getLogger(__name__)
@@ -191,8 +191,6 @@ class ProfilerOff:
     """profile=off: the loop's calls to the profiler, which do nothing (so a run that does
     not profile does not load observe/profiler.py)."""
 
-    window = range(0)  # no step is slowed down
-
     def begin(self) -> None:
         pass
 
@@ -203,6 +201,17 @@ class ProfilerOff:
         return None  # summary.json's `profile`: none
 
     def report(self, logger: Any, step: int) -> None:
+        pass
+
+
+class NoReporter:
+    """A run that is no study's trial: nothing to report to, never pruned (so it does not
+    load observe/trial.py)."""
+
+    def report(self, step: int, value: float | None) -> bool:
+        return False
+
+    def fail(self, reason: str) -> None:
         pass
 
 
@@ -638,16 +647,25 @@ def build_run(
         folder, parts, gears, strategy, position, optimizers, best, saved, trained,
         batches_per_epoch,
     )  # fmt: skip
-    profiler = ProfilerOff()
+    reporter: Reporter = NoReporter()
+    if cfg.trial.reporter is not None:  # the `trial` node: set by the sweeper
+        from gearshift.observe.trial import build_reporter
+
+        reporter = build_reporter(cfg.trial, ranks)
     if cfg.profile.enabled:  # profile=on
-        from gearshift.observe.profiler import Profiler
+        from gearshift.observe.profiler import ProfiledMeter, Profiler
 
         profiler = Profiler(cfg.profile, device, run_dir, cfg.warmup_steps, ranks.is_zero)
-    reporter = build_reporter(cfg.trial, ranks)  # the `trial` node: set by the sweeper
-    meter = PerfMeter(device, cfg.warmup_steps)
-    meter.leave_out(profiler.window)  # the profiled steps run slower
+        meter = ProfiledMeter(device, cfg.warmup_steps, profiler.window)  # they run slower
+    else:
+        profiler, meter = ProfilerOff(), PerfMeter(device, cfg.warmup_steps)
     # each step's loss on the device, read at log steps; on_nonfinite acts on it
-    losses = LossWatch(cfg.on_nonfinite, device, cfg.log_every_n_steps)
+    if cfg.on_nonfinite == "skip":  # a NaN/inf step's update skipped
+        from gearshift.observe.loss_skip import SkippingLossWatch
+
+        losses = SkippingLossWatch(device, cfg.log_every_n_steps)
+    else:
+        losses = LossWatch(device, cfg.log_every_n_steps)
     log.info(
         "on this machine: amp -> %s; loader workers -> %d (%s)",
         parts.precision.reason, parts.gears["num_workers"], parts.gears["num_workers_reason"],

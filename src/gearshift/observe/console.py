@@ -17,27 +17,23 @@ from rich.progress import (
 from rich.table import Table
 
 
-def progress_bar(enabled: bool) -> Progress:
-    # No background refresh: the loop refreshes at log steps, so the bar costs nothing between.
-    return Progress(
-        TextColumn("[bold]train"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[samples_per_sec]:>9,.0f} samples/s"),
-        TextColumn("loss {task.fields[loss]:.4f}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        auto_refresh=False,
-        disable=not enabled,
-    )
-
-
 class ProgressBar:
     """The training bar (rank 0's, `progress_bar`): steps done, samples/s and the loss,
     redrawn at log steps only."""
 
     def __init__(self, enabled: bool, total: int, completed: int) -> None:
-        self.progress = progress_bar(enabled)
+        # No background refresh: the loop refreshes at log steps, so it costs nothing between.
+        self.progress = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[samples_per_sec]:>9,.0f} samples/s"),
+            TextColumn("loss {task.fields[loss]:.4f}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            auto_refresh=False,
+            disable=not enabled,
+        )
         self.bar = self.progress.add_task(
             "train", total=total, completed=completed, samples_per_sec=0.0, loss=math.nan
         )

@@ -5,10 +5,9 @@ Each step's loss goes into its own slot of a small device buffer (one in-place a
 micro-batch, as cheap as the plain running sum it replaces); the log step reads the buffer
 in its one host read, so `on_nonfinite=stop` (the default) names the first non-finite step
 at no extra sync (the line it ends the run with: nonfinite.py). `on_nonfinite=skip`
-decides at every optimizer step whether to skip its update, so it reads one flag per step
-(under DDP all ranks agree on it through one small collective), as fp16's GradScaler does
-for its own skips. The terms a task's loss returns
-beside it (Task.loss_terms) share the loss's row: summed alike, read in the same read.
+decides at every optimizer step whether to skip its update (loss_skip.py). The terms a
+task's loss returns beside it (Task.loss_terms) share the loss's row: summed alike, read in
+the same read.
 """
 
 from __future__ import annotations
@@ -26,8 +25,7 @@ NONE = 2**62  # "no non-finite step" where ranks agree on the first one (a max o
 
 
 class LossWatch:
-    def __init__(self, mode: str, device: torch.device, steps_between_reads: int) -> None:
-        self.skip = mode == "skip"
+    def __init__(self, device: torch.device, steps_between_reads: int) -> None:
         self.device = device
         # One row per step: the loss, then the task's logged terms (Task.loss_terms) in the
         # order of `names`, which the first `add` sets.
@@ -35,7 +33,7 @@ class LossWatch:
         self.losses = torch.zeros(max(steps_between_reads, 1), 1, device=device)
         self.first = 0  # the step number of slot 0 (set by the first `add` after a read)
         self.used = 0  # slots filled since the last read
-        self.skipped = 0  # skip mode: steps whose update was skipped, whole run
+        self.skipped = 0  # on_nonfinite=skip: steps whose update was skipped, whole run
         self.skipped_since_read = 0
 
     def add(
@@ -66,20 +64,9 @@ class LossWatch:
         self.used = slot + 1
 
     def update_allowed(self) -> bool:
-        """At the end of an accumulation window: False when skip mode skips its update.
-
-        Skip mode only: one host read (and under DDP one collective), so every rank skips
-        the same steps. A skipped step's loss (and its terms) is left out of the logged ones."""
-        if not self.skip:
-            return True
-        row = self.losses[self.used - 1]
-        bad = float(not torch.isfinite(row[0]))  # the loss decides, not the logged terms
-        _, (bad,) = gather_sum_max([], [bad], self.device)
-        if bad:
-            row.zero_()
-            self.skipped += 1
-            self.skipped_since_read += 1
-        return not bad
+        """At the end of an accumulation window: whether its update goes ahead. Always here;
+        on_nonfinite=skip's watch (loss_skip.py) says no after a NaN/inf loss."""
+        return True
 
     def _read(self, extra: list[torch.Tensor]) -> tuple[list[list[float]], int | None, list[float]]:
         """(each step's row, the first step whose loss was not finite or None, the `extra`
@@ -117,8 +104,9 @@ class LossWatch:
         }
 
     def metrics(self) -> dict[str, int]:
-        """Skip mode's steps skipped so far (counted on the host as they are decided)."""
-        return {"train/nonfinite_skipped_steps": self.skipped} if self.skip else {}
+        """What a log step reports beside the losses: nothing here (loss_skip.py: the steps
+        skipped)."""
+        return {}
 
     def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:
         """Before a checkpoint: (the first step since the last read whose loss was not

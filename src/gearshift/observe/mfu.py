@@ -13,11 +13,8 @@ a float matmul measured at start-up. `achieved = flops_per_sample * samples/s` p
 A CPU's peak is timed once: a machine busier then than during the steps gives an MFU above
 1, which the summary reports as it is, with `peak_flops_beaten` true.
 
-A transformer that states its own analytical count (a `flops_per_token(time)` method, as
-models/gpt.py's GPT: 6 x parameters without the position embeddings + attention's
-12 x layers x heads x head_dim x time, nanoGPT's and PaLM's formula) is measured by that
-count, the one papers report, and the counted figure stands beside it in the summary
-(`flops_source` says which one MFU uses). FlopCounterMode has no formula for the CPU's
+A transformer that states its own analytical count (a `flops_per_token(time)` method) is
+measured by that count (analytic_flops.py). FlopCounterMode has no formula for the CPU's
 flash-attention kernels; the CUDA ones' formulas are lent to them here, so attention counts
 on both devices.
 """
@@ -25,16 +22,15 @@ on both devices.
 from __future__ import annotations
 
 import logging
-import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from gearshift.data.loading import to_device
@@ -49,11 +45,8 @@ _aten = torch.ops.aten
 
 def _as_counted(flash_op) -> Callable[..., int]:
     """The registered formula of a CUDA flash-attention op, for a CPU op of the same maths."""
-    formula = flop_registry[flash_op]  # takes tensors already (shape-wrapped when registered)
-
-    def count(*args, **kwargs) -> int:
-        return formula(*args, **kwargs)
-
+    # the registered formula takes tensors already (shape-wrapped when registered)
+    count = partial(flop_registry[flash_op])
     count._get_raw = True  # FlopCounterMode: do not wrap it a second time
     return count
 
@@ -80,20 +73,14 @@ def cpu_matmul_peak(dtype: torch.dtype, matmul_precision: str, threads: int) -> 
     n, g = 256, torch.Generator().manual_seed(0)  # its own stream: the run's stays untouched
     while True:
         a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
-        torch.mm(a, b)  # warm up: kernels and caches
-        best = _time_matmul(a, b)
+        matmul = partial(torch.mm, a, b)
+        matmul()  # warm up: kernels and caches
+        best = timeit.timeit(matmul, number=1)
         if n >= 2048 or best * 8 > 0.25:
             break
         n *= 2
-    for _ in range(4 if best < 0.25 else 1):
-        best = min(best, _time_matmul(a, b))
-    return 2 * n**3 / best, n
-
-
-def _time_matmul(a: torch.Tensor, b: torch.Tensor) -> float:
-    start = time.perf_counter()
-    torch.mm(a, b)
-    return time.perf_counter() - start
+    repeats = timeit.repeat(matmul, number=1, repeat=4 if best < 0.25 else 1)
+    return 2 * n**3 / min(best, *repeats), n
 
 
 def compute_dtype(precision: Precision, device: torch.device, model: nn.Module) -> str:
@@ -131,10 +118,9 @@ def count_flops_per_sample(
     of two samples.
 
     The pass runs on detached copies of the parameters and buffers, so the model's
-    gradients and BatchNorm statistics are left as they were.
+    gradients and BatchNorm statistics are left as they were, and so is the run's random
+    stream.
     """
-    batch = task.example_batch(2, device)  # two: BatchNorm needs more than one in training
-    batch = to_device(batch, device, False, memory_format)
     state = {
         name: p.detach().requires_grad_(p.requires_grad) for name, p in model.named_parameters()
     }
@@ -144,33 +130,16 @@ def count_flops_per_sample(
         return functional_call(model, state, args)
 
     counting = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
-    with counting as counter, recompute_disabled():
-        with precision.autocast():
-            loss, _ = task.loss_terms(detached_model, batch)
-        loss.backward()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        batch = task.example_batch(2, device)  # two: BatchNorm needs more than one in training
+        batch = to_device(batch, device, False, memory_format)
+        with counting as counter, recompute_disabled():
+            with precision.autocast():
+                loss, _ = task.loss_terms(detached_model, batch)
+            loss.backward()
     return counter.get_total_flops() / task.count(batch)
 
 
-def _measure_flops(model, task, device, precision, memory_format) -> float:
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):  # the run's random stream stays as it was
-        return count_flops_per_sample(model, task, device, precision, memory_format)
-
-
-def analytic_flops_per_sample(model: nn.Module, task: Task, device: torch.device) -> float | None:
-    """A transformer's own count, per sample (a sequence of the task's length), or None."""
-    flops_per_token = getattr(model, "flops_per_token", None)
-    if not callable(flops_per_token):
-        return None
-    tokens = task.tokens_per_sample
-    if tokens is None:  # a task that does not say: the length of its example sequences
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            batch = task.example_batch(1, device)
-            tokens = next(x for x in tree_leaves(batch) if isinstance(x, torch.Tensor)).shape[-1]
-    return flops_per_token(tokens) * tokens
-
-
-ANALYTIC = "analytic: the model's flops_per_token (6 x parameters + attention)"
 COUNTED = "counted: FlopCounterMode over a forward and backward pass"
 
 
@@ -194,9 +163,13 @@ class MFU:
         memory_format: torch.memory_format,
         strategy: str = "none",
     ) -> MFU:
-        counted = _measure_flops(model, task, device, precision, memory_format)
-        analytic = analytic_flops_per_sample(model, task, device)
-        flops, flops_source = (counted, COUNTED) if analytic is None else (analytic, ANALYTIC)
+        counted = count_flops_per_sample(model, task, device, precision, memory_format)
+        flops, flops_source, analytic = counted, COUNTED, None
+        if callable(getattr(model, "flops_per_token", None)):  # a transformer's own count
+            from gearshift.observe.analytic_flops import ANALYTIC, analytic_flops_per_sample
+
+            flops = analytic = analytic_flops_per_sample(model, task, device)
+            flops_source = ANALYTIC
         dtype = compute_dtype(precision, device, model)
         peak, source = peak_flops(device, dtype, matmul_precision)
         if peak and strategy == "dp" and torch.cuda.device_count() > 1:

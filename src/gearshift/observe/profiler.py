@@ -9,9 +9,9 @@ run folder:
   kernels), for https://ui.perfetto.dev or chrome://tracing;
 - `profile/ops.txt`: the operators by self time (device time on CUDA, else CPU time).
 
-The profiled steps (its warm-up and active ones) run slower, so the PerfMeter leaves them
-out of every throughput figure (`window`). Under DDP only rank 0 records; every rank
-leaves the same steps out.
+The profiled steps (its warm-up and active ones) run slower, so the run's meter
+(ProfiledMeter) leaves them out of every throughput figure (`window`). Under DDP only
+rank 0 records; every rank leaves the same steps out.
 """
 
 from __future__ import annotations
@@ -26,11 +26,54 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from gearshift.config.schema import ProfileConfig
 from gearshift.observe.logger_backend import NullLogger
+from gearshift.observe.throughput import Interval, PerfMeter
 
 log = logging.getLogger(__name__)
 
 TRACE, OPS = "profile/trace.json.gz", "profile/ops.txt"
 LOGGED_ROWS = 10  # of ops.txt, in the log at the end of the run
+
+
+class ProfiledMeter(PerfMeter):
+    """The meter of a run that profiles: the profiled steps (`window`, numbered from 1 as
+    `step` counts them) are kept out of the steady-state figures, their time, samples and
+    data wait. The interval `flush` returns, which the log step reports, still holds them."""
+
+    def __init__(self, device: torch.device, warmup_steps: int, window: range) -> None:
+        self.window = window
+        super().__init__(device, warmup_steps)
+
+    def _open(self, mark: torch.cuda.Event | float) -> None:
+        super()._open(mark)
+        self._left = Interval()  # the interval's left-out steps (their step_ms: at flush)
+        self._left_indices: list[int] = []
+        self._step_wait = 0.0
+
+    def add_data_wait(self, seconds: float) -> None:
+        super().add_data_wait(seconds)
+        self._step_wait += seconds
+
+    def step(self, samples: int) -> None:
+        super().step(samples)
+        if self.steps_done in self.window:
+            self._left_indices.append(self._current.steps - 1)
+            self._left.steps += 1
+            self._left.samples += samples
+            self._left.data_wait_seconds += self._step_wait
+        self._step_wait = 0.0
+
+    def _steady_part(self, interval: Interval) -> Interval:
+        if not self._left_indices:
+            return interval
+        left = set(self._left_indices)
+        left_ms = [ms for i, ms in enumerate(interval.step_ms) if i in left]
+        return Interval(
+            steps=interval.steps - self._left.steps,
+            samples=interval.samples - self._left.samples,
+            seconds=max(0.0, interval.seconds - sum(left_ms) / 1000),
+            data_wait_seconds=max(0.0, interval.data_wait_seconds - self._left.data_wait_seconds),
+            step_ms=[ms for i, ms in enumerate(interval.step_ms) if i not in left],
+        )
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,9 @@ def run_environment() -> dict[str, Any]:
     }
 
 
-def log_summary(summary: dict[str, Any]) -> None:
+def write_summary(run_dir: Path, summary: dict[str, Any], table: bool) -> None:
+    """summary.json, the log line, and (`table`) the closing table on the console."""
+    write_json_atomic(run_dir / "summary.json", summary)
     log.info(
         "%.1f samples/s, step %.1f ms, data wait %.1f%%, peak %s %.0f MiB, loss %.4f",
         summary["samples_per_sec"],
@@ -77,12 +79,6 @@ def log_summary(summary: dict[str, Any]) -> None:
         summary["peak_memory_bytes"] / 2**20,
         summary["final_loss"],
     )
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any], table: bool) -> None:
-    """summary.json, the log line, and (`table`) the closing table on the console."""
-    write_json_atomic(run_dir / "summary.json", summary)
-    log_summary(summary)
     if table:
         print_summary(summary)
 

@@ -5,7 +5,7 @@ host clock reads and, on CUDA, one recorded event, nothing that waits for the de
 At log points the loop has just read the loss (the one sync it allows itself), so
 `flush` can read the events for free. Intervals that start before `warmup_steps`
 (start-up, compilation, cuDNN autotuning) are kept out of the steady-state figures, and so
-are the steps `leave_out` names (a profiled window), step by step.
+are, under profile=on, the profiled steps (profiler.py's ProfiledMeter), step by step.
 """
 
 from __future__ import annotations
@@ -65,14 +65,7 @@ class PerfMeter:
         self.steps_done = 0
         self.steady = Interval()  # the sum of the intervals after warm-up
         self.everything = Interval()
-        self.left_out: range = range(0)
         self._open(self._mark())
-
-    def leave_out(self, steps: range) -> None:
-        """Keep these steps (numbered from 1 as `step` counts them) out of the steady-state
-        figures: their time, samples and data wait. The interval `flush` returns, which the
-        log step reports, still holds them."""
-        self.left_out = steps
 
     def _mark(self) -> torch.cuda.Event | float:
         if self.cuda:
@@ -87,9 +80,6 @@ class PerfMeter:
         self._segments = [[mark]]  # the step marks, a new segment after each pause
         self._pauses: list[tuple] = []  # (the last step's mark, the mark going on after it)
         self._current = Interval()
-        self._left = Interval()  # the interval's left-out steps (their step_ms: at flush)
-        self._left_indices: list[int] = []
-        self._step_wait = 0.0
 
     def resume(self) -> None:
         """Go on after a pause (validation, start-up): the time since the last step is left
@@ -100,30 +90,21 @@ class PerfMeter:
 
     def timed(self, batches: Iterable) -> Iterator:
         """Yield from `batches`, counting how long the host waited for each one."""
-        iterator = iter(batches)
-        while True:
-            start = time.perf_counter()
-            batch = next(iterator, None)
-            if batch is None:
-                return
+        iterator = iter(batches)  # a loader's start (its workers) is no wait for a batch
+        start = time.perf_counter()
+        for batch in iterator:
             self.add_data_wait(time.perf_counter() - start)
             yield batch
+            start = time.perf_counter()
 
     def add_data_wait(self, seconds: float) -> None:
         self._current.data_wait_seconds += seconds
-        self._step_wait += seconds
 
     def step(self, samples: int) -> None:
         self._segments[-1].append(self._mark())
         self.steps_done += 1
-        if self.steps_done in self.left_out:
-            self._left_indices.append(self._current.steps)
-            self._left.steps += 1
-            self._left.samples += samples
-            self._left.data_wait_seconds += self._step_wait
         self._current.samples += samples
         self._current.steps += 1
-        self._step_wait = 0.0
 
     def flush(self) -> Interval:
         """Close the interval; call right after a host sync so the events are complete."""
@@ -143,22 +124,14 @@ class PerfMeter:
         interval.seconds = max(wall - paused, sum(interval.step_ms) / 1000)
         self.everything.add(interval)
         if self.steps_done - interval.steps >= self.warmup_steps:
-            self.steady.add(self._without_left_out(interval))
+            self.steady.add(self._steady_part(interval))
         self._open(last)
         return interval
 
-    def _without_left_out(self, interval: Interval) -> Interval:
-        if not self._left_indices:
-            return interval
-        left = set(self._left_indices)
-        left_ms = [ms for i, ms in enumerate(interval.step_ms) if i in left]
-        return Interval(
-            steps=interval.steps - self._left.steps,
-            samples=interval.samples - self._left.samples,
-            seconds=max(0.0, interval.seconds - sum(left_ms) / 1000),
-            data_wait_seconds=max(0.0, interval.data_wait_seconds - self._left.data_wait_seconds),
-            step_ms=[ms for i, ms in enumerate(interval.step_ms) if i not in left],
-        )
+    def _steady_part(self, interval: Interval) -> Interval:
+        """What of a closed interval after warm-up counts as steady state: all of it (a
+        profiled run's meter leaves its profiled steps out)."""
+        return interval
 
     def steady_state(self) -> Interval:
         if self.steady.steps:
