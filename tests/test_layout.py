@@ -144,6 +144,43 @@ def dangling_imports(copy: Path, row: Row, gone: list[str]) -> list[str]:
     return bad
 
 
+def config_choices(gone: list[str]) -> list[tuple[str, str]]:
+    """(group, option) of each deleted config file: conf/model/gpt.yaml is model=gpt."""
+    files = [Path(f) for f in gone if f.startswith("conf/") and f.endswith(".yaml")]
+    return [(f.parent.relative_to("conf").as_posix(), f.stem) for f in files]
+
+
+def dangling_names(copy: Path, gone: list[str]) -> list[str]:
+    """`file:line names x` for each line of the copy's code, configs and scripts that chooses
+    a deleted config (model=gpt, experiment=[fast,lm], `/model: gpt`) or names a deleted
+    script or page by its file name: a test that would fail on running, not on collecting."""
+    patterns = [
+        rf"(?<![\w./]){re.escape(g)}=\[?(\w+,)*{re.escape(o)}(?![\w.])|/{re.escape(g)}: {re.escape(o)}\b"
+        for g, o in config_choices(gone)
+    ]
+    patterns += [
+        rf"(?<![\w.-]){re.escape(Path(f).name)}\b"
+        for f in gone
+        if f.startswith(("scripts/", "docs/")) and "/" not in f.split("/", 1)[1]
+    ]
+    patterns += [rf"{re.escape(f)}\b" for f in gone if f.startswith("scripts/")]
+    if not patterns:
+        return []
+    names = re.compile("|".join(patterns))
+    bad = []
+    for path in sorted(p for p in copy.rglob("*") if p.is_file()):
+        rel = path.relative_to(copy).as_posix()
+        code = rel.startswith(CHECKED) and path.suffix in (".py", ".sh")
+        if not (code or rel.startswith("conf/") or rel in ("train.py", "Makefile", "Dockerfile")):
+            continue
+        if rel == "tests/test_layout.py":  # this file's own check writes such names
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if match := names.search(line.split(" #")[0]):  # a comment may still name it
+                bad.append(f"{rel}:{n} names {match[0]}")
+    return bad
+
+
 def make_copy(row: Row, files: list[str], target: Path) -> list[str]:
     """The repository's files in `target` without the row's paths and lines; the deleted files."""
     gone = deleted_by(row, files)
@@ -182,10 +219,14 @@ def test_the_table_has_rows_whose_paths_exist():
             assert text in (ROOT / f).read_text(), f"{row.capability}: no line of {f} has {text}"
 
 
-def test_an_import_of_a_deleted_module_in_the_core_is_found(tmp_path):
+def test_an_import_or_a_choice_of_a_deleted_capability_is_found(tmp_path):
     # the check's own check: the core importing the Optuna sweeper, at the top or lazily
     [row] = [row for row in ROWS if row.capability.startswith("Optuna sweeper")]
-    files = [f for f in repository_files() if f.startswith(("src/", "docs/", "mkdocs", "README"))]
+    files = [
+        f
+        for f in repository_files()
+        if f.startswith(("src/", "conf/", "docs/", "README", "mkdocs"))
+    ]
     gone = make_copy(row, files, tmp_path)
     assert dangling_imports(tmp_path, row, gone) == []
     build = tmp_path / "src" / "gearshift" / "build.py"
@@ -197,6 +238,15 @@ def test_an_import_of_a_deleted_module_in_the_core_is_found(tmp_path):
     found = dangling_imports(tmp_path, row, gone)
     assert [line.split(":")[0] for line in found] == ["src/gearshift/build.py"] * 3, found
     assert any("imports hydra_plugins.gearshift_sweeper._sweep" in line for line in found)
+    # and a test that still chooses the deleted preset, or reads the deleted page
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text(
+        'ARGS = ["-m", "hparams_search=lr_batch"]  # docs/optuna.md\nPAGE = "optuna.md"\n'
+    )
+    assert dangling_names(tmp_path, gone) == [
+        "tests/test_x.py:1 names hparams_search=lr_batch",
+        "tests/test_x.py:2 names optuna.md",
+    ]
 
 
 IDS = [row.capability.split(" (")[0] for row in ROWS]
@@ -205,8 +255,10 @@ IDS = [row.capability.split(" (")[0] for row in ROWS]
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
 def test_nothing_left_imports_a_deleted_capability_or_links_its_page(row, tmp_path):
     files = repository_files()
-    gone = make_copy(row, [f for f in files if f.endswith((".py", ".md", ".yml"))], tmp_path)
+    kept = [f for f in files if f.endswith((".py", ".md", ".yml", ".yaml", ".sh")) or "/" not in f]
+    gone = make_copy(row, kept, tmp_path)
     assert dangling_imports(tmp_path, row, gone) == []
+    assert dangling_names(tmp_path, gone) == []
     # the docs' own references: the README's links and the site's nav
     readme = (tmp_path / "README.md").read_text()
     links = [link.split("#")[0] for link in re.findall(r"\]\((docs/[^)]+)\)", readme)]
