@@ -175,10 +175,30 @@ def dangling_names(copy: Path, gone: list[str]) -> list[str]:
             continue
         if rel == "tests/test_layout.py":  # this file's own check writes such names
             continue
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if match := names.search(line.split(" #")[0]):  # a comment may still name it
+        for n, text in code_text(path):
+            if match := names.search(text):
                 bad.append(f"{rel}:{n} names {match[0]}")
     return bad
+
+
+def code_text(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of what a file runs with: a Python file's strings (docstrings aside),
+    another file's lines without their comments. A comment or docstring may still name a
+    deleted part; the code may not."""
+    if path.suffix != ".py":
+        return [(n, line.split("#")[0]) for n, line in enumerate(path.read_text().splitlines(), 1)]
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    strings = [node for node in ast.walk(tree) if isinstance(node, ast.Constant)]
+    return sorted(
+        (node.lineno, node.value)
+        for node in strings
+        if isinstance(node.value, str) and id(node) not in docstrings
+    )
 
 
 def make_copy(row: Row, files: list[str], target: Path) -> list[str]:

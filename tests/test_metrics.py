@@ -197,3 +197,23 @@ def test_a_term_beside_the_loss_is_logged_as_its_window_mean_in_the_same_host_re
     for first, last in zip([0, *steps[:-1]], steps, strict=True):
         expected = per_step[first:last].mean().item()
         assert logged[last]["train/aux"] == pytest.approx(expected, rel=1e-5), last
+
+
+def test_meter_leaves_out_a_window_of_steps():
+    meter = PerfMeter(torch.device("cpu"), warmup_steps=1)
+    meter.leave_out(range(3, 5))  # steps 3 and 4: slow, profiled
+    for step in range(1, 7):
+        meter.add_data_wait(0.001)
+        if step in (3, 4):
+            time.sleep(0.05)
+        meter.step(samples=10)
+        if step in (1, 4):  # log steps: after warm-up, and inside the window's end
+            meter.flush()
+    everything = meter.flush()
+    steady = meter.steady_state()
+    assert steady.steps == 6 - 1 - 2 and steady.samples == 30 and len(steady.step_ms) == 3
+    assert everything.steps == 2  # the interval a log step reports keeps every step
+    assert meter.everything.steps == 6
+    # the left-out steps' time went with them: at least their sleeps
+    assert meter.everything.seconds - meter.steady.seconds >= 0.1
+    assert steady.data_wait_seconds < meter.everything.data_wait_seconds

@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 
 import pytest
-import torch
 from helpers import make_cfg
 
-from gearshift.config import ConfigError, check_config
-from gearshift.observe.throughput import PerfMeter
 from train import fit
 
 
@@ -67,26 +63,6 @@ def test_profile_writes_a_trace_and_ops_and_leaves_its_steps_out_of_throughput(
     assert len(table["data"]) == len(ops) - 1 and table["data"][0][0] == ops[1].split()[0]
 
 
-def test_meter_leaves_out_a_window_of_steps():
-    meter = PerfMeter(torch.device("cpu"), warmup_steps=1)
-    meter.leave_out(range(3, 5))  # steps 3 and 4: slow, profiled
-    for step in range(1, 7):
-        meter.add_data_wait(0.001)
-        if step in (3, 4):
-            time.sleep(0.05)
-        meter.step(samples=10)
-        if step in (1, 4):  # log steps: after warm-up, and inside the window's end
-            meter.flush()
-    everything = meter.flush()
-    steady = meter.steady_state()
-    assert steady.steps == 6 - 1 - 2 and steady.samples == 30 and len(steady.step_ms) == 3
-    assert everything.steps == 2  # the interval a log step reports keeps every step
-    assert meter.everything.steps == 6
-    # the left-out steps' time went with them: at least their sleeps
-    assert meter.everything.seconds - meter.steady.seconds >= 0.1
-    assert steady.data_wait_seconds < meter.everything.data_wait_seconds
-
-
 @pytest.mark.gpu
 def test_profile_on_cuda_records_the_kernels_and_ranks_by_cuda_time(tmp_path):
     cfg = make_cfg("device=cuda", "model=mlp", "profile=on", "max_steps=10", "warmup_steps=2")
@@ -95,21 +71,3 @@ def test_profile_on_cuda_records_the_kernels_and_ranks_by_cuda_time(tmp_path):
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
     ops = (tmp_path / summary["profile"]["ops"]).read_text().splitlines()
     assert "self CUDA ms" in ops[0] and float(ops[1].split()[-3]) > 0
-
-
-@pytest.mark.parametrize(
-    ("override", "message"),
-    [
-        (
-            "profile.memory_snapshot=true",
-            "profile.memory_snapshot=True is not allowed; it records the CUDA allocator's "
-            "history; this run trains on the CPU",
-        ),
-        ("profile.active=0", "profile.active=0 is not allowed; expected an integer >= 1"),
-        ("on_nonfinite=ignore", "on_nonfinite='ignore' is not allowed; choose one of: stop, skip"),
-    ],
-)
-def test_bad_profile_and_nonfinite_values_are_one_line(override, message):
-    with pytest.raises(ConfigError) as error:
-        check_config(make_cfg("device=cpu", override))
-    assert str(error.value) == message
