@@ -289,6 +289,7 @@ def test_nothing_left_imports_a_deleted_capability_or_links_its_page(row, tmp_pa
 
 
 @pytest.mark.slow  # minutes a row: the suite's collection and a run; the imports are checked fast above
+@pytest.mark.timeout(seconds(600))  # its two processes' limits
 @pytest.mark.parametrize("row", ROWS, ids=IDS)
 def test_without_a_capability_the_tests_collect_and_a_default_run_trains(row, tmp_path):
     copy = tmp_path / "repo"
