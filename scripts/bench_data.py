@@ -39,12 +39,12 @@ import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
-from make_shards import make_shards  # scripts/make_shards.py, beside this one
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
@@ -59,6 +59,7 @@ from gearshift.data.resized import stored_side
 from gearshift.data.transforms_off import source_transforms
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
+HAS_SHARDS = find_spec("gearshift.data.shards") is not None  # data=shards, unless deleted
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -166,12 +167,31 @@ def configurations(
     staged = (f"data.stage_to={stage}", "data.decoder=auto")
     rows["uint8, staged jpeg"] = ours(*staged, "data.stage_format=jpeg")
     rows["uint8, staged raw"] = ours(*staged, "data.stage_format=raw")
-    shards = [
-        "data=shards", f"data.num_classes={args.classes}", f"data.image_size={args.size}",
+    packed = [  # the keys data=shards and data=hf share
+        f"data.num_classes={args.classes}", f"data.image_size={args.size}",
         "data.num_samples=null", "data.num_val_samples=0", f"batch_size={args.batch}",
         f"dataloader.num_workers={args.workers}", f"dataloader.pin_memory={pin}",
         f"device={device.type}", "logger=none",
     ]  # fmt: skip
+    if HAS_SHARDS:
+        rows.update(shard_rows(folder, stage, packed, args.size, device))
+    if installed_hf():
+        rows["uint8, data=hf (Parquet)"] = lambda: gearshift_loader(
+            ["data=hf", *packed, f"data.path={write_parquet(folder, stage / 'parquet')}"], device
+        )
+    if device.type == "cuda":
+        rows["decode=gpu (nvJPEG)"] = ours("data.decode=gpu")
+        rows["decode=gpu, staged jpeg"] = ours(*staged, "data.stage_format=jpeg", "data.decode=gpu")
+    return rows
+
+
+def shard_rows(folder: Path, stage: Path, packed: list[str], size: int, device: torch.device):
+    """data=shards' rows: the folder as tar shards, as they are and resized, with and
+    without index.json."""
+    from make_shards import make_shards  # scripts/make_shards.py, beside this one
+
+    shards = ["data=shards", *packed]
+    rows = {}
 
     def written(resize: int | None) -> Path:
         out = stage / f"shards-{resize or 'source'}"
@@ -190,20 +210,13 @@ def configurations(
                 index.unlink()
         return gearshift_loader([*shards, f"data.path={out}"], device)
 
-    resized = f"{stored_side('jpeg', args.size)} px JPEGs"
+    resized = f"{stored_side('jpeg', size)} px JPEGs"
     rows["uint8, shards (source JPEGs)"] = from_shards(None)
     rows["uint8, shards (source JPEGs), no index.json"] = from_headers
-    rows[f"uint8, shards --resize ({resized})"] = from_shards(args.size)
+    rows[f"uint8, shards --resize ({resized})"] = from_shards(size)
     rows[f"uint8, shards --resize ({resized}), streaming"] = from_shards(
-        args.size, "data.streaming=true"
+        size, "data.streaming=true"
     )
-    if installed_hf():
-        rows["uint8, data=hf (Parquet)"] = lambda: gearshift_loader(
-            [*shards, "data=hf", f"data.path={write_parquet(folder, stage / 'parquet')}"], device
-        )
-    if device.type == "cuda":
-        rows["decode=gpu (nvJPEG)"] = ours("data.decode=gpu")
-        rows["decode=gpu, staged jpeg"] = ours(*staged, "data.stage_format=jpeg", "data.decode=gpu")
     return rows
 
 
@@ -307,11 +320,12 @@ def main() -> None:
             sizes = [(258, 258), (400, 400), (375, 500), (750, 1000)]
             console.print(decoder_table(root, args.size, sizes))
         os.environ["GEARSHIFT_CACHE"] = str(root / "cache")  # the header index's, not ~'s
-        cold, cached = index_build_time(root)
-        console.print(
-            f"10,000 tar members indexed from their headers: {cold:.3f} s cold, "
-            f"{cached:.3f} s from the cache"
-        )
+        if HAS_SHARDS:
+            cold, cached = index_build_time(root)
+            console.print(
+                f"10,000 tar members indexed from their headers: {cold:.3f} s cold, "
+                f"{cached:.3f} s from the cache"
+            )
         rows = configurations(folder, root / "stage", args, device)
         if args.only:
             rows = {

@@ -27,14 +27,12 @@ import argparse
 import json
 import sys
 from dataclasses import asdict, dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 
 import yaml
 from rich.console import Console
 from rich.table import Table
-
-from hydra_plugins.gearshift_sweeper._report import main as study_report
-from hydra_plugins.gearshift_sweeper._report import study_storage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling modules, however loaded
 from report_effects import (
@@ -500,8 +498,12 @@ def main() -> None:
     parser.add_argument("--no-plot", action="store_true", help="no report.png")
     parser.add_argument("--no-wandb", action="store_true", help="nothing to the W&B group")
     args = parser.parse_args()
-    if study_storage(args.folder) is not None:  # an Optuna search's folder: its study report
-        raise SystemExit(study_report([str(args.folder), *(["--no-plot"] * args.no_plot)]))
+    if find_spec("hydra_plugins.gearshift_sweeper"):  # the Optuna sweeper, unless deleted
+        from hydra_plugins.gearshift_sweeper._report import main as study_report
+        from hydra_plugins.gearshift_sweeper._report import study_storage
+
+        if study_storage(args.folder) is not None:  # an Optuna search's folder: its study report
+            raise SystemExit(study_report([str(args.folder), *(["--no-plot"] * args.no_plot)]))
     runs = load_runs(args.folder)
     if not runs:
         raise SystemExit(f"error: no run folders (with .hydra/) under {args.folder}")

@@ -27,8 +27,8 @@ SLOW_WITH_FAST_COVER = {
     "tests/test_slurm.py::test_a_job_that_dies_without_a_result_fails_the_sweep": "tests/test_slurm.py::test_a_job_that_raises_fails_the_sweep",
     "tests/test_slurm.py::test_a_job_at_its_time_limit_with_no_requeues_left_fails_the_sweep": "tests/test_slurm.py::test_a_job_that_raises_fails_the_sweep",
     "tests/test_slurm.py::test_a_job_with_two_tasks_per_node_trains_as_2_rank_ddp": "tests/test_distributed.py::test_torchrun_leaves_one_run_folder_with_world_size_2",
-    "tests/test_slurm.py::test_an_optuna_search_keeps_two_slurm_jobs_in_flight_and_prunes": "tests/test_optuna_sweeper.py::test_trials_run_side_by_side_and_the_best_is_the_best_run",
-    "tests/test_slurm.py::test_a_killed_optuna_search_waits_for_its_live_jobs_and_relaunches_the_dead": "tests/test_optuna_sweeper.py::"
+    "tests/test_optuna_slurm.py::test_an_optuna_search_keeps_two_slurm_jobs_in_flight_and_prunes": "tests/test_optuna_sweeper.py::test_trials_run_side_by_side_and_the_best_is_the_best_run",
+    "tests/test_optuna_slurm.py::test_a_killed_optuna_search_waits_for_its_live_jobs_and_relaunches_the_dead": "tests/test_optuna_sweeper.py::"
     "test_a_sigkilled_sweep_stops_its_trials_and_the_rerun_goes_on_as_one_study",
     "tests/test_slurm_two_nodes.py::test_a_two_node_job_requeued_mid_run_ends_as_an_uninterrupted_one": STOP_SIGNAL,
     # launchers and ranks

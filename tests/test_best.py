@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
-from helpers import CONF, make_cfg
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from helpers import make_cfg
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torchmetrics import Metric
 
@@ -161,16 +158,3 @@ def test_without_validation_there_is_no_best_and_the_objective_is_the_loss(tmp_p
     assert not (tmp_path / "checkpoints" / "best").exists()
     # classification's mode is max: the loss is negated, so maximising it still helps
     assert objective(result.summary) == -result.summary["final_loss"]
-
-
-@pytest.mark.parametrize(
-    ("overrides", "direction"),
-    [((), "maximize"), (("experiment=regression",), "minimize")],
-    ids=["classification-accuracy", "regression-loss"],
-)
-def test_the_optuna_preset_takes_the_tasks_direction(overrides, direction):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(
-            "config", overrides=["hparams_search=lr_batch", *overrides], return_hydra_config=True
-        )
-    assert OmegaConf.select(cfg, "hydra.sweeper.direction") == direction

@@ -230,7 +230,7 @@ def test_a_bad_value_inside_a_sweep_stops_the_sweep_before_it_starts(tmp_path):
     ("given", "worded"),
     [
         (["amp=true", "compile=False", "deterministic=true"], ["amp=on", "compile=off"]),
-        (["-m", "plan=TRUE", "profile=false,true"], ["-m", "plan=on", "profile=off,on"]),
+        (["-m", "plan=TRUE", "compile=false,true"], ["-m", "plan=on", "compile=off,on"]),
         (["-m", "amp=choice(true,bf16)", "--cfg", "job"], ["-m", "amp=choice(on,bf16)"]),
     ],
 )

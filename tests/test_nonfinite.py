@@ -14,7 +14,7 @@ from helpers import ROOT, TINY, StepCounter, SyncCounter, make_cfg, seconds, tra
 from test_checkpoint import stop_and_resume
 from torch.optim.lr_scheduler import LambdaLR
 
-from gearshift.config import ConfigError
+from gearshift.config import ConfigError, check_config
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Builtin, schedule_factor
 from train import fit
@@ -216,3 +216,21 @@ def test_loss_watch_sums_the_tasks_terms_beside_the_loss_and_skips_them_with_it(
     assert watch.read([])[:3] == ({"loss": 4.0, "aux": 6.0}, None, 1)
     with pytest.raises(ConfigError, match=r"the terms \['other'\], its first call \['aux'\]"):
         watch.add(torch.tensor(1.0), 4, {"other": torch.tensor(1.0)})
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "profile.memory_snapshot=true",
+            "profile.memory_snapshot=True is not allowed; it records the CUDA allocator's "
+            "history; this run trains on the CPU",
+        ),
+        ("profile.active=0", "profile.active=0 is not allowed; expected an integer >= 1"),
+        ("on_nonfinite=ignore", "on_nonfinite='ignore' is not allowed; choose one of: stop, skip"),
+    ],
+)
+def test_bad_profile_and_nonfinite_values_are_one_line(override, message):
+    with pytest.raises(ConfigError) as error:
+        check_config(make_cfg("device=cpu", override))
+    assert str(error.value) == message

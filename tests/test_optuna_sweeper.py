@@ -16,7 +16,8 @@ from concurrent.futures import Future
 import optuna
 import pytest
 import yaml
-from helpers import ROOT, holding_process, seconds, train_in_process
+from helpers import CONF, ROOT, holding_process, seconds, train_in_process
+from hydra import compose, initialize_config_dir
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 from optuna.storages import JournalStorage
@@ -757,3 +758,60 @@ def test_a_study_in_which_no_trial_completes_ends_with_one_line_and_exit_1(tmp_p
         "steps' updates"
     ]
     assert "| fail |" in (tmp_path / "search" / "study_report.md").read_text()
+
+
+# ---------------------------------------------------------------- the lr_batch preset
+
+
+@pytest.mark.parametrize(
+    ("overrides", "direction"),
+    [((), "maximize"), (("experiment=regression",), "minimize")],
+    ids=["classification-accuracy", "regression-loss"],
+)
+def test_the_optuna_preset_takes_the_tasks_direction(overrides, direction):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(
+            "config", overrides=["hparams_search=lr_batch", *overrides], return_hydra_config=True
+        )
+    assert OmegaConf.select(cfg, "hydra.sweeper.direction") == direction
+
+
+# the preset's own search: TINY without its batch size, so the preset's choice of it acts
+PRESET_TINY = (
+    "model=mlp",
+    "progress_bar=false",
+    "data.num_samples=256",
+    "data.num_val_samples=64",
+    "data.image_size=16",
+    "max_steps=2",
+    "warmup_steps=0",
+)
+
+
+@pytest.mark.slow  # covered fast: docs/optuna.md's lr_batch search, the best of test_optuna_sweeper
+def test_optuna_search_over_lr_and_batch_size_maximises_the_val_accuracy(tmp_path):
+    sweep_dir = tmp_path / "search"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "-m", *PRESET_TINY, "logger=none",
+         "hparams_search=lr_batch", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"],
+        cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=seconds(300),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    trials = []
+    for n in range(3):
+        overrides = yaml.safe_load((sweep_dir / str(n) / ".hydra" / "overrides.yaml").read_text())
+        chosen = dict(o.split("=", 1) for o in overrides if o.startswith(("optimizer.lr", "batch")))
+        summary = json.loads((sweep_dir / str(n) / "summary.json").read_text())
+        assert 0.001 <= float(chosen["optimizer.lr"]) <= 0.5
+        assert int(chosen["batch_size"]) in (32, 64, 128, 256)
+        assert summary["gears"]["batch_size"] == int(
+            chosen["batch_size"]
+        )  # the trial's value acted
+        assert summary["best"]["metric"] == "val_accuracy"
+        trials.append((summary["best"]["value"], chosen))
+    assert len({t[1]["optimizer.lr"] for t in trials}) == 3  # the sampler proposed 3 points
+    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
+    best_value, best_choice = max(trials, key=lambda t: t[0])  # classification's mode: max
+    assert best["best_value"] == pytest.approx(best_value)  # the objective: the best val metric
+    assert best["best_params"]["batch_size"] == int(best_choice["batch_size"])
+    assert best["best_params"]["optimizer.lr"] == pytest.approx(float(best_choice["optimizer.lr"]))

@@ -11,10 +11,11 @@ import tarfile
 import textwrap
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import load_script, make_cfg, run_train, stops_at_damaged_file, train_in_process
+from helpers import ROOT, load_script, make_cfg, run_train, stops_at_damaged_file, train_in_process
 from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU, run_dir
 from test_images_uint8 import write_photos
@@ -299,3 +300,27 @@ def test_a_reader_collected_at_exit_or_after_a_failed_init_goes_quietly(tmp_path
         [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_bench_data_times_indexing_and_has_the_shard_rows(tmp_path, monkeypatch):
+    # the rest of bench_data's rows, each loader's batches: tests/test_images_uint8.py
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_data
+
+    monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
+    cold, cached = bench_data.index_build_time(tmp_path, members=200)  # asserts the count
+    assert cold > 0 and cached > 0
+    args = SimpleNamespace(classes=3, size=32, batch=4, workers=0)
+    rows = bench_data.configurations(tmp_path / "images", tmp_path / "stage", args, CPU)
+    assert "uint8, shards (source JPEGs), no index.json" in rows
+    assert "uint8, shards --resize (37 px JPEGs)" in rows
+
+
+def test_a_bad_streaming_value_of_data_shards_is_one_line_before_any_run_folder(tmp_path):
+    # as tests/test_typed_nodes.py checks every other source's, model's and task's keys
+    done = train_in_process("data=shards", "data.streaming=1", "max_steps=1", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        "error: data.streaming=1 is not allowed; choose true or false"
+    ]
+    assert list(tmp_path.iterdir()) == []

@@ -7,8 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-import yaml
 from helpers import CONF, ROOT, check_amp_on_resolved, seconds, train_in_process
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -88,37 +86,6 @@ def test_a_single_run_has_no_group_unless_one_is_set(tmp_path):
     record = wandb_run_record(run_dir)
     assert record.run_group == ""
     assert "amp=bf16" in record.display_name.split(",")
-
-
-@pytest.mark.slow  # covered fast: docs/optuna.md's lr_batch search, the best of test_optuna_sweeper
-def test_optuna_search_over_lr_and_batch_size_maximises_the_val_accuracy(tmp_path):
-    sweep_dir = tmp_path / "search"
-    done = sweep(
-        tmp_path,
-        "logger=none",
-        "hparams_search=lr_batch",
-        "hydra.sweeper.n_trials=3",
-        f"hydra.sweep.dir={sweep_dir}",
-    )
-    assert done.returncode == 0, done.stderr
-    trials = []
-    for n in range(3):
-        overrides = yaml.safe_load((sweep_dir / str(n) / ".hydra" / "overrides.yaml").read_text())
-        chosen = dict(o.split("=", 1) for o in overrides if o.startswith(("optimizer.lr", "batch")))
-        summary = json.loads((sweep_dir / str(n) / "summary.json").read_text())
-        assert 0.001 <= float(chosen["optimizer.lr"]) <= 0.5
-        assert int(chosen["batch_size"]) in (32, 64, 128, 256)
-        assert summary["gears"]["batch_size"] == int(
-            chosen["batch_size"]
-        )  # the trial's value acted
-        assert summary["best"]["metric"] == "val_accuracy"
-        trials.append((summary["best"]["value"], chosen))
-    assert len({t[1]["optimizer.lr"] for t in trials}) == 3  # the sampler proposed 3 points
-    best = yaml.safe_load((sweep_dir / "optimization_results.yaml").read_text())
-    best_value, best_choice = max(trials, key=lambda t: t[0])  # classification's mode: max
-    assert best["best_value"] == pytest.approx(best_value)  # the objective: the best val metric
-    assert best["best_params"]["batch_size"] == int(best_choice["batch_size"])
-    assert best["best_params"]["optimizer.lr"] == pytest.approx(float(best_choice["optimizer.lr"]))
 
 
 def compose_cfg(*overrides: str, hydra: bool = False):

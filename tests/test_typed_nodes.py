@@ -40,7 +40,6 @@ BAD_VALUES = [
         "data=hf data.path=. data.streaming=sometimes",
         "data.streaming='sometimes' is not allowed; choose true or false",
     ),
-    ("data=shards data.streaming=1", "data.streaming=1 is not allowed; choose true or false"),
     ("data.on_device=yes", "data.on_device='yes' is not allowed; choose true or false"),
     (
         "data=cifar10 data.mean=0.5",
