@@ -90,6 +90,8 @@ NOT_CONFIGURED = (
     "gearshift.run_endings",  # a run stopped, or refused; plan=on
     "gearshift.observe.trial_reporter",  # trial.reporter: a run that is a study's trial
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
+    "gearshift.state.budget",  # max_tokens, a resumed run
+    "gearshift.state.resumed",  # a resumed run, batch_size=auto
 )
 
 
