@@ -92,6 +92,8 @@ NOT_CONFIGURED = (
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
     "gearshift.state.budget",  # max_tokens, a resumed run
     "gearshift.state.resumed",  # a resumed run, batch_size=auto
+    "gearshift.sweep_preflight",  # a command line that sweeps or sets a key of the sweeper's
+    "gearshift.config.switches",  # true/false on the command line
 )
 
 
