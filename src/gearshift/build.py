@@ -87,7 +87,6 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
     from gearshift.observe.plan import PlanCheck
     from gearshift.observe.profiler import Profiler
     from gearshift.observe.samples import Sampler
-    from gearshift.state.budget import Trained
 
 log = logging.getLogger(__name__)
 
@@ -484,16 +483,15 @@ def build_run(
     cfg, model = parts.cfg, parts.model
     per_step = parts.batch_size * ranks.world_size * cfg.accum  # samples an optimizer step takes
     batches_per_epoch = len(parts.train_batches)
-    trained, max_steps = None, cfg.max_steps or None  # the step budget; None: the epochs decide
+    max_steps = cfg.max_steps or None  # the step budget; None: the epochs decide
     epochs_steps = cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)  # a fresh run's
     total_steps = max_steps or epochs_steps  # the last step: the schedules' length
     if saved is not None or max_tokens_of(cfg) is not None:  # counted before any work
         from gearshift.state.budget import Trained, run_length
 
-        trained = Trained.of(saved)
         max_steps, total_steps = run_length(
-            cfg.max_steps, max_tokens_of(cfg), epochs_steps, parts.task, per_step, trained,
-            ranks.is_zero,
+            cfg.max_steps, max_tokens_of(cfg), epochs_steps, parts.task, per_step,
+            Trained.of(saved), ranks.is_zero,
         )  # fmt: skip
     sampler = None
     sampling = getattr(parts.task, "sampling", None)  # task.sample_every (LM): text samples
@@ -522,7 +520,16 @@ def build_run(
     forward = compile_model(model, cfg.compile) if compiled else model  # tip 8: torch.compile
     # tip 18: DDP (or FSDP, one unit per block)
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
-    gears = Gears({**parts.gears, **training_gears(cfg, compiled, compile_reason, strategy)})
+    gears = Gears({  # beyond build_parts': torch.compile, the optimizer's, the strategy
+        **parts.gears,
+        "compile": cfg.compile.mode if compiled else "off",
+        "compile_reason": compile_reason,
+        "optimizer": optimizer_label(cfg.optimizer),  # or the class named in its place
+        "fused": cfg.optimizer.fused,
+        "foreach": cfg.optimizer.foreach,
+        "set_to_none": cfg.optimizer.set_to_none,
+        "distributed": strategy,
+    })  # fmt: skip
     optimizers = (make_optimizers or build_optimizers)(
         model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp", scheduler=cfg.scheduler
     )
@@ -534,8 +541,7 @@ def build_run(
     position = Position(global_batch=parts.batch_size * ranks.world_size)
     position.stream = stream_position(parts.train_batches)  # iterable data: its own state
     checkpointer = build_checkpointer(
-        folder, parts, gears, strategy, position, optimizers, best, saved, trained,
-        batches_per_epoch,
+        folder, parts, gears, strategy, position, optimizers, best, saved, batches_per_epoch
     )  # fmt: skip
     profiler = ProfilerOff()
     if cfg.profile.enabled:  # profile=on
@@ -585,8 +591,7 @@ def advise_config(
 
 def build_checkpointer(
     folder: Path, parts: Parts, gears: Gears, strategy: str, position: Position,
-    optimizers: Optimizers, best: BestTracker, saved: Saved | None, trained: Trained | None,
-    batches_per_epoch: int,
+    optimizers: Optimizers, best: BestTracker, saved: Saved | None, batches_per_epoch: int,
 ) -> Checkpointer:  # fmt: skip
     """The checkpointer of the run's parts, each registered under its name, beside the
     config as composed and the run's decisions (`gears`); restored from `saved` when the run
@@ -607,29 +612,7 @@ def build_checkpointer(
     }.items():
         checkpointer.register(name, part)
     if saved is not None:
-        from gearshift.state.restore import restore  # a resumed run only
+        from gearshift.state.resumed import resume  # a resumed run only
 
-        restore(checkpointer, saved)
-        position.trained = trained.samples  # older checkpoints: counted from their steps
-        position.resumed_at = (position.samples, position.trained)
-        batches = (
-            position.epoch * batches_per_epoch + position.epoch_samples // position.global_batch
-        )
-        parts.transforms.start_at(batches)  # per-batch random draws continue where they were
+        resume(checkpointer, saved, position, parts.transforms, batches_per_epoch)
     return checkpointer
-
-
-def training_gears(
-    cfg: DictConfig, compiled: bool, compile_reason: str, strategy: str
-) -> dict[str, Any]:
-    """The gears build_run decides beyond build_parts': torch.compile, the optimizer's, the
-    distributed strategy."""
-    return {
-        "compile": cfg.compile.mode if compiled else "off",
-        "compile_reason": compile_reason,
-        "optimizer": optimizer_label(cfg.optimizer),  # or the class named in its place
-        "fused": cfg.optimizer.fused,
-        "foreach": cfg.optimizer.foreach,
-        "set_to_none": cfg.optimizer.set_to_none,
-        "distributed": strategy,
-    }

@@ -1,6 +1,6 @@
 """What a resumed run repeats of the decisions its start made, read from its checkpoint's
-record: `amp=on`'s dtype and the batch size `batch_size=auto` found. Loaded by build.py's
-build_parts when the run resumes (and with `batch_size=auto`)."""
+record (`amp=on`'s dtype, the batch size `batch_size=auto` found), and its parts given
+their state back. Loaded by build.py when the run resumes (and with `batch_size=auto`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import torch
 from gearshift.engine.precision import AmpChoice, amp_name
 
 if TYPE_CHECKING:
-    from gearshift.state.checkpointer import Saved
+    from gearshift.data.device_transforms import DeviceTransforms
+    from gearshift.data.transforms_off import Untransformed
+    from gearshift.state.checkpointer import Checkpointer, Saved
+    from gearshift.state.position import Position
 
 log = logging.getLogger(__name__)
 
@@ -42,3 +45,20 @@ def resumed_batch_size(saved: Saved | None) -> int | str | None:
     if saved is None:
         return None
     return saved.decisions.get("batch_size", saved.config.get("batch_size"))
+
+
+def resume(
+    checkpointer: Checkpointer, saved: Saved, position: Position,
+    transforms: DeviceTransforms | Untransformed, batches_per_epoch: int,
+) -> None:  # fmt: skip
+    """Each registered part its state from `saved` (state/restore.py), the samples trained
+    as the checkpoint counted them, and the device transforms' per-batch random draws moved
+    on to where they were."""
+    from gearshift.state.budget import Trained
+    from gearshift.state.restore import restore
+
+    restore(checkpointer, saved)
+    position.trained = Trained.of(saved).samples  # older checkpoints: counted from their steps
+    position.resumed_at = (position.samples, position.trained)
+    batches = position.epoch * batches_per_epoch + position.epoch_samples // position.global_batch
+    transforms.start_at(batches)
