@@ -94,6 +94,7 @@ NOT_CONFIGURED = (
     "gearshift.state.resumed",  # a resumed run, batch_size=auto
     "gearshift.sweep_preflight",  # a command line that sweeps or sets a key of the sweeper's
     "gearshift.config.switches",  # true/false on the command line
+    "gearshift.data_batches",  # no run: the tests' and the scripts' batches
 )
 
 

@@ -443,19 +443,6 @@ def build_data(
     return train, val, gears
 
 
-def data_batches(
-    cfg: DictConfig, device: torch.device, rank: int = 0, world_size: int = 1
-) -> tuple[Any, Any | None]:
-    """The source's datasets served as this rank's batches, for a fixed `cfg.batch_size`:
-    the data of a run without the run (tests, scripts/bench.py)."""
-    train_set, val_set = build_datasets(cfg.data, device)
-    layout = memory_layout(cfg.memory_format.channels_last)
-    return build_batches(
-        cfg.data, cfg.dataloader, train_set, val_set, device, cfg.batch_size, cfg.seed,
-        cfg.max_steps, layout, rank, world_size,
-    )  # fmt: skip
-
-
 def max_tokens_of(cfg: DictConfig) -> int | None:
     """`max_tokens` as an integer (the command line may write it 5e6), or None."""
     value = cfg.get("max_tokens")
