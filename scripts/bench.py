@@ -68,9 +68,9 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.table import Table
 
-from gearshift.build import data_batches
 from gearshift.data.loading import to_device
 from gearshift.data.text import CharTokenizer, write_token_folder
+from gearshift.data_batches import data_batches
 from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import configure_backends, resolve_device, seed_everything

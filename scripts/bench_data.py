@@ -51,12 +51,12 @@ from rich.table import Table
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from gearshift.build import data_batches
 from gearshift.data.decode import JPEG_DECODERS, installed, time_decoders
 from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.loading import to_device
 from gearshift.data.resized import stored_side
 from gearshift.data.transforms_off import source_transforms
+from gearshift.data_batches import data_batches
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 HAS_SHARDS = find_spec("gearshift.data.shards") is not None  # data=shards, unless deleted

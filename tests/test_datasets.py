@@ -30,11 +30,11 @@ from helpers import (
 from PIL import Image
 from torch import nn
 
-from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import UnreadableImage
 from gearshift.data.host_loader import build_loader
 from gearshift.data.staging import stage, staged_path
+from gearshift.data_batches import data_batches
 from train import fit
 
 CPU = torch.device("cpu")

@@ -21,11 +21,11 @@ from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU
 from test_images_uint8 import photo
 
-from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data import tar_index
 from gearshift.data.shards import INDEX
 from gearshift.data.tar_index import expand_braces
+from gearshift.data_batches import data_batches
 
 make_shards_main = load_script("make_shards").main
 CLASSES = ["red", "green", "blue"]

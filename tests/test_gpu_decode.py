@@ -18,7 +18,6 @@ from helpers import SyncCounter, make_cfg, seconds, stops_at_damaged_file
 from PIL import Image
 from test_checkpoint import assert_same_parameters, stop_and_resume
 
-from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import centre_square
 from gearshift.data.device_transforms import DeviceTransforms
@@ -33,6 +32,7 @@ from gearshift.data.gpu_decode import (
 )
 from gearshift.data.loading import to_device
 from gearshift.data.transforms_off import source_transforms
+from gearshift.data_batches import data_batches
 from train import fit
 
 CPU = torch.device("cpu")

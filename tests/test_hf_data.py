@@ -19,10 +19,11 @@ from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU
 from test_images_uint8 import photo
 
-from gearshift.build import build_parts, data_batches
+from gearshift.build import build_parts
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import ImageDecoder, centre_square
 from gearshift.data.text import tokenizer_from_meta
+from gearshift.data_batches import data_batches
 from gearshift.parallel.distributed import Ranks
 from train import fit
 

@@ -18,7 +18,6 @@ from test_checkpoint import assert_same_parameters, stop_and_resume
 from test_datasets import CPU, folder_cfg, run_dir, write_cifar
 from torch import nn
 
-from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data import decode
 from gearshift.data.decode import (
@@ -33,6 +32,7 @@ from gearshift.data.device_transforms import DeviceTransforms
 from gearshift.data.resized import RAW_FILE
 from gearshift.data.staging import staged_path
 from gearshift.data.transforms_off import source_transforms
+from gearshift.data_batches import data_batches
 from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 

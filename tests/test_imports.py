@@ -98,6 +98,11 @@ NOT_CONFIGURED = (
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
     "gearshift.observe.analytic_flops",  # a model with flops_per_token: model=gpt
     "gearshift.observe.loss_skip",  # on_nonfinite=skip
+    "gearshift.state.budget",  # max_tokens, a resumed run
+    "gearshift.state.resumed",  # a resumed run, batch_size=auto
+    "gearshift.sweep_preflight",  # a command line that sweeps or sets a key of the sweeper's
+    "gearshift.config.switches",  # true/false on the command line
+    "gearshift.data_batches",  # no run: the tests' and the scripts' batches
 )
 
 

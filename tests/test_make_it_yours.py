@@ -41,7 +41,8 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from gearshift.build import build_run, check_validation, data_batches
+from gearshift.build import build_run, check_validation
+from gearshift.data_batches import data_batches
 from gearshift.engine.optim import build_schedule
 from gearshift.engine.precision import Precision
 from gearshift.models.factory import build_model

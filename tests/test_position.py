@@ -8,13 +8,12 @@ import signal
 import pytest
 import torch
 from helpers import make_cfg, recording_epoch_samples
-from omegaconf import OmegaConf
 from test_checkpoint import SignalAtStep
 
-from gearshift.build import Trained, epoch_steps
 from gearshift.data.host_loader import EpochSampler
 from gearshift.data.loading import DeviceBatches
 from gearshift.data.loading_base import epoch_order
+from gearshift.state.budget import Trained, epoch_steps
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.state.checkpoint_reads import load_checkpoint
 from gearshift.state.position import Position
@@ -77,9 +76,9 @@ def test_a_resume_with_another_batch_size_trains_each_sample_of_the_epoch_once(
 def test_a_resume_at_another_batch_size_ends_the_schedule_where_the_epochs_end():
     # 512 samples, 2 epochs: 32 steps an epoch at batch 16. Stopped after step 20 (320
     # samples) and resumed at batch 32: the 704 samples left are 22 steps, so 42 in all.
-    cfg = OmegaConf.create({"epochs": 2, "accum": 1})  # at 32 samples a step
-    assert epoch_steps(cfg, 16, 32, Trained(step=20, samples=320, per_step=16)) == 42
-    assert epoch_steps(cfg, 16, 32, Trained(step=10, samples=320, per_step=32)) == 32
-    assert epoch_steps(cfg, 16, 32) == 32  # a fresh run: 2 x 16 steps
-    half = OmegaConf.create({"epochs": 2, "accum": 2})  # 2 ranks x 16 x 2: 64 a step
-    assert epoch_steps(half, 16, 64, Trained(step=20, samples=320, per_step=16)) == 20 + 11
+    steps = 2 * 16  # 2 epochs of 16 batches, accum=1: at 32 samples a step
+    assert epoch_steps(steps, 32, Trained(step=20, samples=320, per_step=16)) == 42
+    assert epoch_steps(steps, 32, Trained(step=10, samples=320, per_step=32)) == 32
+    assert epoch_steps(steps, 32) == 32  # a fresh run: 2 x 16 steps
+    half = 2 * 8  # accum=2: 2 epochs of 8 steps; 2 ranks x 16 x 2: 64 a step
+    assert epoch_steps(half, 64, Trained(step=20, samples=320, per_step=16)) == 20 + 11

@@ -20,10 +20,10 @@ from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU, run_dir
 from test_images_uint8 import write_photos
 
-from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import ImageDecoder
 from gearshift.data.shards import INDEX, ShardSamples, read_members
+from gearshift.data_batches import data_batches
 from gearshift.state.checkpoint_reads import load_checkpoint
 
 _script = load_script("make_shards")

@@ -9,8 +9,8 @@ from helpers import make_cfg, record_logs, task_of
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 import train
-from gearshift.build import data_batches
 from gearshift.config import ConfigError
+from gearshift.data_batches import data_batches
 from gearshift.parallel.distributed import grad_sync
 from gearshift.tasks import Regression
 from train import fit

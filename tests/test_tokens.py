@@ -18,12 +18,12 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from test_checkpoint import assert_same_parameters, stop_and_resume
 
-from gearshift.build import data_batches
 from gearshift.config import ConfigError, check_config
 from gearshift.config import token_files as token_files_module
 from gearshift.config.token_files import check_token_folder
 from gearshift.data.text import tokenizer_from_meta
 from gearshift.data.tokens import token_files
+from gearshift.data_batches import data_batches
 from gearshift.observe.console import print_summary
 from train import fit
 

@@ -21,7 +21,6 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
@@ -29,7 +28,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from gearshift.config import ConfigError, check_config
 from gearshift.config.rules import is_searchpath, locate
-from gearshift.config.switches import switches_in_words
 from gearshift.engine.failures import TrainingFailed
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import CheckpointError
@@ -43,7 +41,6 @@ Fit = Callable[[DictConfig, Path, "str | None"], Any]
 EXIT_TRAINING_FAILED = 1  # a NaN/inf loss, out of memory: one line says why and what next
 # Hydra flags after which preflight steps aside: they print, or point at other configs.
 _HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
-SEARCHED = "hydra.sweeper.params."  # the search space's keys, given on the command line
 _HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun"}
 
 
@@ -136,39 +133,22 @@ def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:
 
 
 def _overrides_to_check(overrides: list[str]) -> list[tuple[list[str], str | None]]:
-    """The override lists to compose: the fixed ones, then one per swept value."""
+    """The override lists to compose: the fixed ones, then one per swept value (each with
+    the override line it checks)."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
     # Hydra's own keys are left to Hydra, but for the search path: it decides what composes
     fixed = [o for o in fixed if is_searchpath(o) or not o.lstrip("+~").startswith("hydra")]
-    variants: list[tuple[list[str], str | None]] = [(fixed, None)]
-    for o in parsed:
-        if _hydra_refuses(o):  # its key's value checked here; the line refused after
-            from gearshift.run_endings import a_value
+    if not any(o.is_sweep_override() or _sweeper_key(o.key_or_group) for o in parsed):
+        return [(fixed, None)]
+    from gearshift.sweep_preflight import swept_variants  # a sweep, a search space
 
-            variants.append(([*fixed, f"{_searched(o)}={a_value(o)}"], o.input_line))
-            continue
-        if o.is_sweep_override() and not o.key_or_group.startswith("hydra"):
-            try:
-                values = list(o.sweep_string_iterator())
-            except Exception:  # ranges and intervals are for a sweeper to sample
-                continue
-            for value in values:
-                line = f"{o.get_key_element()}={value}"
-                variants.append(([*fixed, line], line))
-    return variants
+    return [(fixed, None), *swept_variants(parsed, fixed)]
 
 
-def _hydra_refuses(override: Override) -> bool:
-    """A search-space key given as `hydra.sweeper.params.<key>` that Hydra cannot take: a
-    sweep of its own config, or a dotted key where the params hold flat ones."""
-    searched = override.key_or_group.startswith(SEARCHED)
-    return searched and (override.is_sweep_override() or "." in _searched(override))
-
-
-def _searched(override: Override) -> str:
-    """The config key a `hydra.sweeper.params.<key>` override searches."""
-    return override.key_or_group.removeprefix(SEARCHED)
+def _sweeper_key(key: str) -> bool:
+    """A key of the sweeper's (its search space's too), on the command line."""
+    return key.lstrip("+~").startswith("hydra.sweeper.")
 
 
 def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | None = None) -> None:
@@ -192,8 +172,9 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
             config_name = arg.split("=", 1)[1]
         elif not arg.startswith("-"):
             overrides.append(arg)
-    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
-        overrides = _switches_in_words(command_line, overrides)
+    if any(word in o.lower() for o in overrides for word in ("true", "false")):  # Hydra's booleans
+        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
+            overrides = _switches_in_words(command_line, overrides)
     if any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
         return  # Hydra prints: --cfg job amp=true shows amp=on's config
     try:
@@ -216,13 +197,19 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
                 from gearshift.run_endings import culprit, describe_error
 
                 line = describe_error(error, swept or culprit(error, variant), variant)
-                searched = swept and swept.lstrip("+~").startswith(SEARCHED)
-                _exit(f"{swept}: {line}" if searched and not line.startswith(swept) else line)
+                if swept:  # a swept value's config
+                    from gearshift.sweep_preflight import naming_the_swept
+
+                    line = naming_the_swept(swept, line)
+                _exit(line)
         multirun = any(a in ("-m", "--multirun") for a in argv)
         if problem := _output_folder_problem(config_name, overrides, multirun):
             _exit(problem)
-    if line := _searched_on_hydra_key(overrides):
-        _exit(line)
+    if any(_sweeper_key(o) for o in overrides):
+        from gearshift.sweep_preflight import searched_on_hydra_key
+
+        if line := searched_on_hydra_key(overrides):
+            _exit(line)
     if planned is not None and planned.plan.enabled:
         from gearshift.run_endings import print_plan  # plan=on only
 
@@ -232,6 +219,8 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
 def _switches_in_words(command_line: list[str], overrides: list[str]) -> list[str]:
     """The overrides with true/false given to a switch group as on/off (config/switches.py),
     rewritten in `command_line` too: Hydra parses that after preflight."""
+    from gearshift.config.switches import switches_in_words  # true/false given on the line
+
     search = [o for o in overrides if is_searchpath(o)]  # your folders' options too
     loader = GlobalHydra.instance().config_loader()
     try:
@@ -244,19 +233,6 @@ def _switches_in_words(command_line: list[str], overrides: list[str]) -> list[st
         if word != given:
             command_line[command_line.index(given)] = word
     return worded
-
-
-def _searched_on_hydra_key(overrides: list[str]) -> str | None:
-    """Hydra refuses a sweep of its own config, and `hydra.sweeper.params` holds flat
-    keys only: `hydra.sweeper.params.optimizer.lr=choice(...)` cannot be given as such."""
-    for o in OverridesParser.create().parse_overrides(overrides):
-        if _hydra_refuses(o):
-            text = o.input_line.split("=", 1)[1]
-            return (
-                f"{o.input_line} is not allowed; search a key on the command line as "
-                f"{_searched(o)}={text} (or in an hparams_search preset's hydra.sweeper.params)"
-            )
-    return None
 
 
 def _before_cuda_starts(cfg: DictConfig) -> None:

@@ -15,16 +15,16 @@ import contextlib
 import gc
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from gearshift.config import ConfigError
 from gearshift.config.schema import DistributedConfig
 from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
@@ -38,7 +38,7 @@ from gearshift.engine.optim import (
     in_a_presets_place,
     optimizer_label,
 )
-from gearshift.engine.precision import AmpChoice, Precision, amp_name, resolve_amp
+from gearshift.engine.precision import Precision, amp_name, resolve_amp
 from gearshift.engine.runtime import (
     configure_backends,
     configure_determinism,
@@ -91,32 +91,13 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
 log = logging.getLogger(__name__)
 
 
-class Gears(Mapping[str, Any]):
-    """What the run decided on this machine, by name, each with its `*_reason` where there
-    was a choice (what `amp=on`, `batch_size=auto`, `dataloader.num_workers=auto` and
-    `compile=auto` came to): made once by the builder, read-only after. The config stays
-    as composed; this record is what the run trained with: summary.json's `gears`, and a
-    checkpoint's `decisions`, which a resumed run repeats (`amp=on`'s dtype, the batch size
-    `batch_size=auto` found)."""
-
-    def __init__(self, decided: Mapping[str, Any]) -> None:
-        self._decided = dict(decided)
-
-    def __getitem__(self, name: str) -> Any:
-        return self._decided[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._decided)
-
-    def __len__(self) -> int:
-        return len(self._decided)
-
-    def __or__(self, more: Mapping[str, Any]) -> Gears:
-        """A new record: these decisions and `more`."""
-        return Gears({**self._decided, **more})
-
-    def __repr__(self) -> str:
-        return f"Gears({self._decided!r})"
+# What the run decided on this machine, by name, each with its `*_reason` where there was a
+# choice (what `amp=on`, `batch_size=auto`, `dataloader.num_workers=auto` and `compile=auto`
+# came to): made once by the builder, read-only after (a read-only view of a dict, the
+# standard library's). The config stays as composed; this record is what the run trained
+# with: summary.json's `gears`, and a checkpoint's `decisions`, which a resumed run repeats
+# (`amp=on`'s dtype, the batch size `batch_size=auto` found).
+Gears = MappingProxyType
 
 
 @dataclass
@@ -353,6 +334,7 @@ def build_parts(
     if cfg.batch_size == "auto":  # tip 10: batch_size=auto fills the memory
         from gearshift.batch_finder import resolve_batch_size
         from gearshift.run_plan import planner  # on CUDA, the plan's guess first
+        from gearshift.state.resumed import resumed_batch_size
 
         batch_choice = resolve_batch_size(
             cfg.batch_size_finder, cfg.model, cfg.optimizer, task, device, precision.dtype,
@@ -424,39 +406,16 @@ def build_precision(
 ) -> Precision:
     """Tip 11, mixed precision: the autocast dtype against this machine (on a CPU,
     measured). A resumed run of `amp=on` keeps the dtype its start resolved to."""
-    amp = resolve_amp_on_resume(cfg.amp.dtype, saved)
+    amp = None
+    if saved is not None:
+        from gearshift.state.resumed import resolve_amp_on_resume
+
+        amp = resolve_amp_on_resume(cfg.amp.dtype, saved)
     if amp is None:
         amp = resolve_amp(cfg.amp.dtype, device)
         if device.type == "cpu" and strategy in ("ddp", "fsdp"):
             amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
     return Precision(amp.dtype, device, amp.reason)
-
-
-def resolve_amp_on_resume(choice: str, saved: Saved | None) -> AmpChoice | None:
-    """The saved run's choice when it, too, asked for `amp=on`: a probe at each restart may
-    measure differently on a busy machine, and a run must not change dtype midway."""
-    decided = saved.decisions if saved else {}
-    if "amp" not in decided:  # a checkpoint written before its decisions were kept
-        return None
-    dtype = {"off": None, "bfloat16": torch.bfloat16, "float16": torch.float16}[decided["amp"]]
-    was = saved.config.get("amp", {}).get("dtype")
-    if choice == "auto" and was == "auto":
-        log.info("amp=on: %s, as resolved when this run started", amp_name(dtype))
-        return AmpChoice(dtype, decided["amp_reason"])
-    if was == "auto":
-        log.info(
-            "amp: the checkpoint trained with %s (amp=on); this command's amp wins",
-            amp_name(dtype),
-        )
-    return None
-
-
-def resumed_batch_size(saved: Saved | None) -> int | str | None:
-    """The batch size the checkpoint's run trained with: its record's (batch_size=auto's
-    find), else its config's (checkpoints written before the record was kept)."""
-    if saved is None:
-        return None
-    return saved.decisions.get("batch_size", saved.config.get("batch_size"))
 
 
 def build_data(
@@ -467,7 +426,7 @@ def build_data(
     device: torch.device,
     ranks: Ranks,
     memory_format: torch.memory_format,
-) -> tuple[Any, Any | None, Gears]:
+) -> tuple[Any, Any | None, dict[str, Any]]:
     """This rank's training and validation batches with the data gears applied (tips 2, 3,
     7: workers, pinned memory, copies ahead of the compute), and those gears."""
     dl, on_device = cfg.dataloader, bool(cfg.data.get("on_device"))
@@ -496,81 +455,6 @@ def build_data(
     return train, val, gears
 
 
-def data_batches(
-    cfg: DictConfig, device: torch.device, rank: int = 0, world_size: int = 1
-) -> tuple[Any, Any | None]:
-    """The source's datasets served as this rank's batches, for a fixed `cfg.batch_size`:
-    the data of a run without the run (tests, scripts/bench.py)."""
-    train_set, val_set = build_datasets(cfg.data, device)
-    layout = memory_layout(cfg.memory_format.channels_last)
-    return build_batches(
-        cfg.data, cfg.dataloader, train_set, val_set, device, cfg.batch_size, cfg.seed,
-        cfg.max_steps, layout, rank, world_size,
-    )  # fmt: skip
-
-
-@dataclass
-class Trained:
-    """What a resumed run's checkpoint had trained: its steps, and its samples over all
-    ranks (nominal: batch_size x ranks a micro-batch) at `per_step` samples a step."""
-
-    step: int
-    samples: int
-    per_step: int
-
-    @classmethod
-    def of(cls, saved: Saved | None) -> Trained | None:
-        if saved is None:
-            return None
-        position, accum = saved.state["position"], saved.config.get("accum", 1)
-        per_step = position.get("global_batch", 0) * accum
-        samples = position.get("trained", position["step"] * per_step)  # older: one layout
-        return cls(position["step"], samples, per_step)
-
-
-def resized(trained: Trained | None, per_step: int) -> bool:
-    """A resume whose optimizer step takes another number of samples than the saved run's
-    (other ranks, batch_size or accum): its steps no longer count the same work."""
-    return trained is not None and trained.per_step not in (0, per_step)
-
-
-def step_budget(
-    cfg: DictConfig, task: Task, per_step: int, trained: Trained | None = None
-) -> int | None:
-    """The run's last optimizer step when a budget sets it, else None (epochs decide):
-    `max_steps`, or `max_tokens` over the tokens of one optimizer step (`per_step` samples:
-    batch size x ranks x accum; times the task's tokens per sample), rounded up; with both,
-    whichever ends first.
-    A resume at another samples per step counts the tokens left from those trained."""
-    budgets = [cfg.max_steps] if cfg.max_steps else []
-    max_tokens = max_tokens_of(cfg)
-    if max_tokens is not None:
-        if task.tokens_per_sample is None:
-            raise ConfigError(
-                f"max_tokens={max_tokens} is not allowed; {type(task).__name__}'s samples "
-                "are not tokens (task=lm's are): use max_steps or epochs"
-            )
-        tokens = per_step * task.tokens_per_sample  # a step's
-        if resized(trained, per_step):  # the tokens left, from the step the run resumes at
-            left = max_tokens - trained.samples * task.tokens_per_sample
-            budgets.append(trained.step + max(0, math.ceil(left / tokens)))
-        else:
-            budgets.append(math.ceil(max_tokens / tokens))
-    return min(budgets) if budgets else None
-
-
-def epoch_steps(
-    cfg: DictConfig, batches_per_epoch: int, per_step: int, trained: Trained | None = None
-) -> int:
-    """The optimizer steps of `cfg.epochs` epochs (the schedule's length when epochs decide)
-    at `per_step` samples a step. A resume at another samples per step: the steps taken,
-    then those of the samples left."""
-    steps = cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)
-    if not resized(trained, per_step):
-        return steps
-    return trained.step + max(0, math.ceil((steps * per_step - trained.samples) / per_step))
-
-
 def max_tokens_of(cfg: DictConfig) -> int | None:
     """`max_tokens` as an integer (the command line may write it 5e6), or None."""
     value = cfg.get("max_tokens")
@@ -596,9 +480,18 @@ def build_run(
     saved = read_resume(cfg.resume, folder)  # read once per start
     parts = build_parts(cfg, ranks, strategy, device, saved)
     cfg, model = parts.cfg, parts.model
-    trained = Trained.of(saved)
     per_step = parts.batch_size * ranks.world_size * cfg.accum  # samples an optimizer step takes
-    max_steps = step_budget(cfg, parts.task, per_step, trained)  # before any work
+    batches_per_epoch = len(parts.train_batches)
+    max_steps = cfg.max_steps or None  # the step budget; None: the epochs decide
+    epochs_steps = cfg.epochs * math.ceil(batches_per_epoch / cfg.accum)  # a fresh run's
+    total_steps = max_steps or epochs_steps  # the last step: the schedules' length
+    if saved is not None or max_tokens_of(cfg) is not None:  # counted before any work
+        from gearshift.state.budget import Trained, run_length
+
+        max_steps, total_steps = run_length(
+            cfg.max_steps, max_tokens_of(cfg), epochs_steps, parts.task, per_step,
+            Trained.of(saved), ranks.is_zero,
+        )  # fmt: skip
     sampler = None
     sampling = getattr(parts.task, "sampling", None)  # task.sample_every (LM): text samples
     if sampling is not None:
@@ -630,9 +523,16 @@ def build_run(
     forward = compile_model(model, cfg.compile) if compiled else model  # tip 8: torch.compile
     # tip 18: DDP (or FSDP, one unit per block)
     forward = wrap_model(forward, strategy, device, cfg.distributed, model_blocks(model))
-    gears = parts.gears | training_gears(cfg, compiled, compile_reason, strategy)
-    batches_per_epoch = len(parts.train_batches)
-    total_steps = run_length(cfg, max_steps, batches_per_epoch, per_step, ranks, trained)
+    gears = Gears({  # beyond build_parts': torch.compile, the optimizer's, the strategy
+        **parts.gears,
+        "compile": cfg.compile.mode if compiled else "off",
+        "compile_reason": compile_reason,
+        "optimizer": optimizer_label(cfg.optimizer),  # or the class named in its place
+        "fused": cfg.optimizer.fused,
+        "foreach": cfg.optimizer.foreach,
+        "set_to_none": cfg.optimizer.set_to_none,
+        "distributed": strategy,
+    })  # fmt: skip
     optimizers = (make_optimizers or build_optimizers)(
         model, cfg.optimizer, total_steps, fsdp=strategy == "fsdp", scheduler=cfg.scheduler
     )
@@ -644,8 +544,7 @@ def build_run(
     position = Position(global_batch=parts.batch_size * ranks.world_size)
     position.stream = stream_position(parts.train_batches)  # iterable data: its own state
     checkpointer = build_checkpointer(
-        folder, parts, gears, strategy, position, optimizers, best, saved, trained,
-        batches_per_epoch,
+        folder, parts, gears, strategy, position, optimizers, best, saved, batches_per_epoch
     )  # fmt: skip
     reporter: Reporter = NoReporter()
     if cfg.trial.reporter is not None:  # the `trial` node: set by the sweeper
@@ -681,27 +580,11 @@ def build_run(
     )  # fmt: skip
 
 
-def run_length(
-    cfg: DictConfig, max_steps: int | None, batches_per_epoch: int, per_step: int, ranks: Ranks,
-    trained: Trained | None,
-) -> int:  # fmt: skip
-    """The run's last optimizer step, the schedule's length: the step budget's, else its
-    epochs'. A resume at another samples per step says how it recounted them."""
-    total_steps = max_steps or epoch_steps(cfg, batches_per_epoch, per_step, trained)
-    if resized(trained, per_step) and ranks.is_zero:
-        log.info(
-            "resumed at %d samples a step (the checkpoint's run took %d): the schedule and "
-            "any token budget are recounted from the %d samples trained; it ends at step %d",
-            per_step, trained.per_step, trained.samples,
-            total_steps,
-        )  # fmt: skip
-    return total_steps
 
 
 def build_checkpointer(
     folder: Path, parts: Parts, gears: Gears, strategy: str, position: Position,
-    optimizers: Optimizers, best: BestTracker, saved: Saved | None, trained: Trained | None,
-    batches_per_epoch: int,
+    optimizers: Optimizers, best: BestTracker, saved: Saved | None, batches_per_epoch: int,
 ) -> Checkpointer:  # fmt: skip
     """The checkpointer of the run's parts, each registered under its name, beside the
     config as composed and the run's decisions (`gears`); restored from `saved` when the run
@@ -722,27 +605,7 @@ def build_checkpointer(
     }.items():
         checkpointer.register(name, part)
     if saved is not None:
-        from gearshift.state.restore import restore  # a resumed run only
+        from gearshift.state.resumed import resume  # a resumed run only
 
-        restore(checkpointer, saved)
-        position.trained = trained.samples  # older checkpoints: counted from their steps
-        position.resumed_at = (position.samples, position.trained)
-        batches = (
-            position.epoch * batches_per_epoch + position.epoch_samples // position.global_batch
-        )
-        parts.transforms.start_at(batches)  # per-batch random draws continue where they were
+        resume(checkpointer, saved, position, parts.transforms, batches_per_epoch)
     return checkpointer
-
-
-def training_gears(cfg: DictConfig, compiled: bool, compile_reason: str, strategy: str) -> Gears:
-    """The gears build_run decides beyond build_parts': torch.compile, the optimizer's, the
-    distributed strategy."""
-    return {
-        "compile": cfg.compile.mode if compiled else "off",
-        "compile_reason": compile_reason,
-        "optimizer": optimizer_label(cfg.optimizer),  # or the class named in its place
-        "fused": cfg.optimizer.fused,
-        "foreach": cfg.optimizer.foreach,
-        "set_to_none": cfg.optimizer.set_to_none,
-        "distributed": strategy,
-    }
