@@ -580,8 +580,6 @@ def build_run(
     )  # fmt: skip
 
 
-
-
 def build_checkpointer(
     folder: Path, parts: Parts, gears: Gears, strategy: str, position: Position,
     optimizers: Optimizers, best: BestTracker, saved: Saved | None, batches_per_epoch: int,
