@@ -100,7 +100,7 @@ def test_evaluate_builds_no_optimizer_profiler_mfu_or_advice(tmp_path, monkeypat
         gearshift.build.MFU, "measure", recording("MFU", gearshift.build.MFU.measure)
     )
     # build_run imports the advisor where advise=true asks for it
-    monkeypatch.setattr(findings, "advise_config", recording("advise", findings.advise_config))
+    monkeypatch.setattr(findings, "advise", recording("advise", findings.advise))
     checkpoint = latest_checkpoint(tmp_path / "checkpoints")
     assert evaluate.main([f"resume={checkpoint}", "logger=none", "advise=true"]) == 0
     assert built == []

@@ -12,13 +12,13 @@ from helpers import CONF, make_cfg, task_of
 from torch import nn
 
 from gearshift.app import preflight
+from gearshift.build import advise_config
 from gearshift.data.tokens import entropy_rate, markov_chain
 from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import Precision
 from gearshift.models import GPT
 from gearshift.models.factory import build_model
 from gearshift.observe.analytic_flops import analytic_flops_per_sample
-from gearshift.observe.findings import advise_config
 from gearshift.observe.mfu import MFU, count_flops_per_sample
 from train import fit
 

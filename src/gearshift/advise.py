@@ -18,10 +18,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from gearshift.app import default_config_dir, preflight
+from gearshift.build import advise_config
 from gearshift.engine.precision import resolve_amp_dtype
 from gearshift.engine.runtime import resolve_device
 from gearshift.models.factory import build_model, memory_layout
-from gearshift.observe.findings import Finding, advise_config
+from gearshift.observe.findings import Finding
 
 
 def target_device(cfg: DictConfig, choice: str | None) -> torch.device:

@@ -1,11 +1,11 @@
 """The gear advisor: what in this config and model holds the run back, and the fix.
 
-`advise_config(cfg, model, device)` inspects the config's nodes (`Nodes`), the built model
-(before torch.compile) and the device, and returns findings, each with a stable id, a
-message and the fix. Loaded only where asked: with `advise=true` a run logs each finding
-once as a warning at start-up and lists them in summary.json under `advice` (build.py
-`build_run`); `python -m gearshift.advise [overrides...]` prints them for a config without
-training.
+`advise(nodes, model, device, amp_dtype)` inspects the config's nodes (`Nodes`: build.py
+`advise_config` picks them from the config), the built model (before torch.compile) and the
+device, and returns findings, each with a stable id, a message and the fix. Loaded only where
+asked: with `advise=true` a run logs each finding once as a warning at start-up and lists
+them in summary.json under `advice` (build.py `build_run`); `python -m gearshift.advise
+[overrides...]` prints them for a config without training.
 
 Rules that only cost time on a GPU (layer widths under mixed precision, a transformer's
 vocabulary and hidden size, the host data loader, cuDNN autotuning) fire only when the
@@ -23,10 +23,9 @@ from collections.abc import Callable
 from itertools import pairwise
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import fx, nn
 
-from gearshift.engine.precision import resolve_amp, resolve_amp_dtype, short_name
+from gearshift.engine.precision import resolve_amp, short_name
 from gearshift.models.blocks import recompute_disabled
 from gearshift.models.factory import resolve_compile
 from gearshift.observe.advisor_base import CONV, Finding, Nodes, Subject, named, unwrapped
@@ -217,25 +216,11 @@ RULES: list[Callable[[Subject], Finding | None]] = [
 ]
 
 
-def advise_config(
-    cfg: DictConfig, model: nn.Module, device: torch.device,
-    amp_dtype: torch.dtype | str | None = "resolve", batch_size: int | str | None = None,
-) -> list[Finding]:  # fmt: skip
-    """The findings for `cfg`'s nodes, `model` and `device` (amp_dtype: autocast's, if
-    known; "resolve": amp.dtype's on `device`; batch_size: the run's, if decided; None: the
-    config's)."""
-    nodes = Nodes(
-        batch_size=cfg.batch_size if batch_size is None else batch_size,
-        cudnn_benchmark=cfg.cudnn_benchmark,
-        data=cfg.data,
-        dataloader=cfg.dataloader,
-        memory_format=cfg.memory_format,
-        compile=cfg.compile,
-        strategy=OmegaConf.select(cfg, "distributed.strategy"),
-        task=cfg.task if "task" in cfg else None,
-    )
-    if amp_dtype == "resolve":
-        amp_dtype = resolve_amp_dtype(cfg.amp.dtype, device)
+def advise(
+    nodes: Nodes, model: nn.Module, device: torch.device, amp_dtype: torch.dtype | None
+) -> list[Finding]:
+    """The findings for the config's `nodes` (build.py `advise_config` picks them), `model`
+    and `device`, autocast running in `amp_dtype` (None: off)."""
     subject = Subject(nodes, model, device, amp_dtype)
     return [finding for rule in RULES if (finding := rule(subject)) is not None]
 
