@@ -90,6 +90,8 @@ NOT_CONFIGURED = (
     "gearshift.run_endings",  # a run stopped, or refused; plan=on
     "gearshift.observe.trial_reporter",  # trial.reporter: a run that is a study's trial
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
+    "gearshift.config.token_targets",  # data=synthetic_tokens, data=tokens, model=gpt, task=lm
+    "gearshift.config.disk_targets",  # the sources read from disk
 )
 
 
