@@ -92,6 +92,8 @@ NOT_CONFIGURED = (
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
     "gearshift.config.token_targets",  # data=synthetic_tokens, data=tokens, model=gpt, task=lm
     "gearshift.config.disk_targets",  # the sources read from disk
+    "gearshift.config.feature_checks",  # a feature's node set: amp, ema, plan, scheduler, ...
+    "gearshift.config.small_targets",  # model=mlp, model=simple_cnn, task=regression
 )
 
 

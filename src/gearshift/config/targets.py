@@ -3,7 +3,7 @@
 A data, model or task node's keys differ by its `_target_`, so the schema holds them as
 free dicts (schema.py `Config`). Each built-in target of conf/data, conf/model and
 conf/task has a dataclass here (the token data's and GPT's in token_targets.py, the image
-sources' in disk_targets.py), chosen by the node's `_target_` (named as a string: this
+sources' in disk_targets.py, the small models' and regression's in small_targets.py), chosen by the node's `_target_` (named as a string: this
 layer does not import the data, models or tasks), whose field types `check_fields` holds
 the node's values to at start: `data.streaming=sometimes` is one line, not a run that
 streams. A target of your own keeps free keys; `check_arguments` holds them to its
@@ -49,38 +49,12 @@ class SyntheticImagesNode(DataNode):
 
 
 @dataclass
-class SyntheticRegressionNode(DataNode):
-    num_samples: int
-    num_val_samples: int
-    image_size: int
-    channels: int
-    num_outputs: int
-    noise: float
-    seed: int
-
-
-@dataclass
 class ModelNode:
     """gearshift's keys of every model."""
 
     checkpointing: bool
     init_from: str | None
     init_strict: bool
-
-
-@dataclass
-class MLPNode(ModelNode):
-    in_shape: list[int]
-    num_classes: int
-    hidden: int
-
-
-@dataclass
-class SimpleCNNNode(ModelNode):
-    in_channels: int
-    num_classes: int
-    width: int
-    conv_bias: bool
 
 
 @dataclass
@@ -94,18 +68,12 @@ class ClassificationNode:
     input_shape: list[int]
 
 
-@dataclass
-class RegressionNode:
-    num_outputs: int
-    input_shape: list[int]
-
-
 # The built-in targets' descriptions (classes of gearshift.config), by the _target_ their
-# conf/ files name: this module's, and those of token_targets.py and disk_targets.py, which
-# load only when a node names one of their targets.
+# conf/ files name: this module's, and those of token_targets.py, disk_targets.py and
+# small_targets.py, which load only when a node names one of their targets.
 TYPED: dict[str, str] = {
     "gearshift.data.synthetic.synthetic_images": "targets.SyntheticImagesNode",
-    "gearshift.data.synthetic.synthetic_regression": "targets.SyntheticRegressionNode",
+    "gearshift.data.synthetic.synthetic_regression": "small_targets.SyntheticRegressionNode",
     "gearshift.data.tokens.synthetic_tokens": "token_targets.SyntheticTokensNode",
     "gearshift.data.tokens.token_files": "token_targets.TokenFilesNode",
     "gearshift.data.images.image_folder": "disk_targets.ImageFolderNode",
@@ -113,12 +81,12 @@ TYPED: dict[str, str] = {
     "gearshift.data.shards.shards": "disk_targets.ShardsNode",
     "gearshift.data.hf.hf": "disk_targets.HfNode",
     "gearshift.models.GPT": "token_targets.GPTNode",
-    "gearshift.models.MLP": "targets.MLPNode",
-    "gearshift.models.SimpleCNN": "targets.SimpleCNNNode",
+    "gearshift.models.MLP": "small_targets.MLPNode",
+    "gearshift.models.SimpleCNN": "small_targets.SimpleCNNNode",
     "torchvision.models.resnet18": "targets.ResNetNode",
     "torchvision.models.resnet50": "targets.ResNetNode",
     "gearshift.tasks.Classification": "targets.ClassificationNode",
-    "gearshift.tasks.Regression": "targets.RegressionNode",
+    "gearshift.tasks.Regression": "small_targets.RegressionNode",
     "gearshift.tasks.LanguageModel": "token_targets.LanguageModelNode",
 }
 
