@@ -107,7 +107,7 @@ def test_check_config_names_key_value_and_what_is_allowed(override, message):
 
 def test_a_feature_node_at_its_schema_defaults_passes_its_check():
     """check_config skips the check of a feature's node at its schema defaults (checks.py
-    `_check_feature`): the defaults must pass it, or a bad default would go unsaid."""
+    `_check_unless_default`): the defaults must pass it, or a bad default would go unsaid."""
     from gearshift.config import feature_checks
 
     cfg = make_cfg(tiny=False)

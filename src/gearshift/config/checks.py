@@ -23,30 +23,24 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed, among the
     keys of the parts in `uses` and those every part reads."""
     s.Config.check_parts(cfg, uses)
-    _check_feature(cfg, "amp")
-    _check_feature(cfg, "compile")
+    _check_unless_default(cfg, "amp")
+    _check_unless_default(cfg, "compile")
     s.LoggerConfig.check_node(cfg.logger)
     if cfg.logger.tensorboard:
-        from gearshift.config.feature_checks import check_tensorboard
-
-        check_tensorboard(cfg)
+        _check_feature(cfg, "tensorboard")
     s.Config.check_node(cfg)
     if cfg.get("max_tokens") is not None:  # a token budget
-        from gearshift.config.feature_checks import check_max_tokens
-
-        check_max_tokens(cfg)
+        _check_feature(cfg, "max_tokens")
     if cfg.model.get("init_from") is not None:  # the model's weights from a checkpoint
-        from gearshift.config.feature_checks import check_init_from
-
-        check_init_from(cfg)
-    _check_feature(cfg, "batch_size_finder")
+        _check_feature(cfg, "init_from")
+    _check_unless_default(cfg, "batch_size_finder")
     s.CheckpointConfig.check_node(cfg.checkpoint)
-    _check_feature(cfg, "sweep")
-    _check_feature(cfg, "ema")
-    _check_feature(cfg, "early_stop")
-    _check_feature(cfg, "profile")
-    _check_feature(cfg, "plan")
-    _check_feature(cfg, "distributed")  # several ranks
+    _check_unless_default(cfg, "sweep")
+    _check_unless_default(cfg, "ema")
+    _check_unless_default(cfg, "early_stop")
+    _check_unless_default(cfg, "profile")
+    _check_unless_default(cfg, "plan")
+    _check_unless_default(cfg, "distributed")  # several ranks
     if "data" in uses:
         s.DataLoaderConfig.check_node(cfg.dataloader)
         check_types(cfg, "data")
@@ -64,26 +58,27 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
 
         check_model_takes_tokens(cfg)
     if "data" in uses:
-        _check_feature(cfg, "device_transforms")
+        _check_unless_default(cfg, "device_transforms")
     s.OptimizerConfig.check_node(cfg.optimizer)
     if cfg.scheduler.get("_target_") is not None:  # a scheduler class; null: optimizer.schedule
-        from gearshift.config.feature_checks import check_scheduler
-
-        check_scheduler(cfg)
+        _check_feature(cfg, "scheduler")
     if cfg.device not in ("auto", "cpu"):  # a device named: one this machine has
-        from gearshift.config.feature_checks import check_device
-
-        check_device(cfg)
+        _check_feature(cfg, "device")
 
 
-def _check_feature(cfg: DictConfig, key: str) -> None:
-    """The node `key` of a feature a run may leave off, checked by feature_checks.py's
-    `check_<key>` where it differs from its schema defaults (those pass)."""
+def _check_unless_default(cfg: DictConfig, key: str) -> None:
+    """The node `key` of a feature a run may leave off, checked where it differs from its
+    schema defaults (those pass)."""
     node = cfg[key]
     if node != OmegaConf.structured(OmegaConf.get_type(node)):
-        from gearshift.config import feature_checks  # a run that sets the feature
+        _check_feature(cfg, key)
 
-        getattr(feature_checks, f"check_{key}")(cfg)
+
+def _check_feature(cfg: DictConfig, name: str) -> None:
+    """feature_checks.py's `check_<name>`: the module loads for a run that sets a feature."""
+    from gearshift.config import feature_checks
+
+    getattr(feature_checks, f"check_{name}")(cfg)
 
 
 def _check_resolves(cfg: DictConfig, group: str) -> None:
