@@ -105,6 +105,18 @@ def test_check_config_names_key_value_and_what_is_allowed(override, message):
         check_config(make_cfg(*override.split(), tiny=False))
 
 
+def test_a_feature_node_at_its_schema_defaults_passes_its_check():
+    """check_config skips the check of a feature's node at its schema defaults (checks.py
+    `_check_unless_default`): the defaults must pass it, or a bad default would go unsaid."""
+    from gearshift.config import feature_checks
+
+    cfg = make_cfg(tiny=False)
+    nodes = ("amp", "compile", "batch_size_finder", "sweep", "ema", "early_stop", "profile")
+    for key in (*nodes, "plan", "distributed", "device_transforms"):
+        cfg[key] = OmegaConf.structured(OmegaConf.get_type(cfg[key]))
+        getattr(feature_checks, f"check_{key}")(cfg)
+
+
 def test_the_lm_experiment_is_allowed():
     check_config(make_cfg("experiment=lm", tiny=False))
 

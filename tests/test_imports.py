@@ -103,6 +103,10 @@ NOT_CONFIGURED = (
     "gearshift.sweep_preflight",  # a command line that sweeps or sets a key of the sweeper's
     "gearshift.config.switches",  # true/false on the command line
     "gearshift.data_batches",  # no run: the tests' and the scripts' batches
+    "gearshift.config.token_targets",  # data=synthetic_tokens, data=tokens, model=gpt, task=lm
+    "gearshift.config.disk_targets",  # the sources read from disk
+    "gearshift.config.feature_checks",  # a feature's node set: amp, ema, plan, scheduler, ...
+    "gearshift.config.small_targets",  # model=mlp, model=simple_cnn, task=regression
 )
 
 

@@ -17,14 +17,8 @@ from omegaconf import OmegaConf
 
 from gearshift.config import ConfigError
 from gearshift.config.rules import check_fields, locate
-from gearshift.config.targets import (
-    ACTIVATIONS,
-    TRAINER_KEYS,
-    TYPED,
-    DataNode,
-    ModelNode,
-    check_types,
-)
+from gearshift.config.targets import TRAINER_KEYS, TYPED, DataNode, ModelNode, check_types
+from gearshift.config.token_targets import ACTIVATIONS
 
 
 class Head(torch.nn.Module):
@@ -139,7 +133,8 @@ def test_every_built_in_file_is_typed_and_its_defaults_pass(choice):
     companion = (COMPANIONS[choice],) if choice in COMPANIONS else ()
     cfg = make_cfg(choice, *companion, tiny=False)
     node = cfg[group]
-    description = TYPED[node._target_]  # every built-in target has its description
+    # every built-in target has its description
+    description = locate("_target_", f"gearshift.config.{TYPED[node._target_]}")
     check_types(cfg, group)
     fields = {f.name for f in dataclasses.fields(description)}
     keys = set(node) - {"_target_"}

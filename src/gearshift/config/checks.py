@@ -1,10 +1,9 @@
 """`check_config`, before any work starts: each node's own checks (schema.py, data_checks.py,
-targets.py) and those that span nodes; the first value not allowed raises a one-line ConfigError.
+targets.py; feature_checks.py for a feature a run sets) and those that span nodes; the first
+value not allowed raises a one-line ConfigError.
 """
 
 from __future__ import annotations
-
-import os
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
@@ -24,33 +23,24 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed, among the
     keys of the parts in `uses` and those every part reads."""
     s.Config.check_parts(cfg, uses)
-    s.AmpConfig.check_node(cfg.amp)
-    s.CompileConfig.check_node(cfg.compile)
+    _check_unless_default(cfg, "amp")
+    _check_unless_default(cfg, "compile")
     s.LoggerConfig.check_node(cfg.logger)
+    if cfg.logger.tensorboard:
+        _check_feature(cfg, "tensorboard")
     s.Config.check_node(cfg)
-    s.BatchSizeFinderConfig.check_node(cfg.batch_size_finder)
+    if cfg.get("max_tokens") is not None:  # a token budget
+        _check_feature(cfg, "max_tokens")
+    if cfg.model.get("init_from") is not None:  # the model's weights from a checkpoint
+        _check_feature(cfg, "init_from")
+    _check_unless_default(cfg, "batch_size_finder")
     s.CheckpointConfig.check_node(cfg.checkpoint)
-    s.SweepConfig.check_node(cfg.sweep)
-    decay = cfg.ema.decay  # fsdp's line before ema's other keys; one out of range: ema's own
-    if decay is not None and 0 < decay < 1 and cfg.distributed.strategy == "fsdp":
-        fail(
-            "ema.decay",
-            decay,
-            "weight averaging does not shard its copy under distributed=fsdp; "
-            "use distributed=ddp or ema.decay=null",
-        )
-    s.EmaConfig.check_node(cfg.ema)
-    s.EarlyStopConfig.check_node(cfg.early_stop)
-    s.ProfileConfig.check_node(cfg.profile)
-    if cfg.profile.memory_snapshot and _on_cpu(cfg):
-        fail(
-            "profile.memory_snapshot",
-            True,
-            "it records the CUDA allocator's history; this run trains on the CPU",
-        )
-    s.PlanConfig.check_node(cfg.plan)
-    s.DistributedConfig.check_node(cfg.distributed)
-    _check_launch(cfg)
+    _check_unless_default(cfg, "sweep")
+    _check_unless_default(cfg, "ema")
+    _check_unless_default(cfg, "early_stop")
+    _check_unless_default(cfg, "profile")
+    _check_unless_default(cfg, "plan")
+    _check_unless_default(cfg, "distributed")  # several ranks
     if "data" in uses:
         s.DataLoaderConfig.check_node(cfg.dataloader)
         check_types(cfg, "data")
@@ -63,68 +53,32 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
         if group in uses:
             check_types(cfg, group)
             check_arguments(cfg, group)
-    _check_model_takes_tokens(cfg)
+    if "block_size" in cfg.data or "vocab_size" in cfg.data:  # token data
+        from gearshift.config.token_targets import check_model_takes_tokens
+
+        check_model_takes_tokens(cfg)
     if "data" in uses:
-        _check_channels(cfg)
-        s.DeviceTransformsConfig.check_node(cfg.device_transforms)
+        _check_unless_default(cfg, "device_transforms")
     s.OptimizerConfig.check_node(cfg.optimizer)
-    s.SchedulerConfig.check_node(cfg.scheduler, cfg.optimizer)
-    s.Config.check_device(cfg.device)
+    if cfg.scheduler.get("_target_") is not None:  # a scheduler class; null: optimizer.schedule
+        _check_feature(cfg, "scheduler")
+    if cfg.device not in ("auto", "cpu"):  # a device named: one this machine has
+        _check_feature(cfg, "device")
 
 
-def _on_cpu(cfg: DictConfig) -> bool:
-    import torch
-
-    return cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
-
-
-def _check_launch(cfg: DictConfig) -> None:
-    """The strategy against the processes launched or planned and the device."""
-    d = cfg.distributed
-    launched = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1
-    plan = cfg.get("plan") or {}
-    planned = plan.get("enabled") and (plan.get("world_size") or 1) > 1  # plan=on: no launch
-    if d.strategy in ("ddp", "fsdp") and not launched and not planned and d.nproc_per_node == 1:
-        fail(
-            "distributed",
-            d.strategy,
-            "it needs several processes: launch it with torchrun --nproc_per_node=N train.py ... "
-            "or add distributed.nproc_per_node=N",
-        )
-    import torch
-
-    if d.strategy == "dp" and (cfg.device == "cpu" or not torch.cuda.is_available()):
-        fail("distributed", "dp", "DataParallel needs CUDA devices; use distributed=ddp on CPU")
-    if d.strategy in ("dp", "none") and d.nproc_per_node > 1:  # after dp's: its line first
-        fail(
-            "distributed.nproc_per_node",
-            d.nproc_per_node,
-            f"it starts DDP ranks; distributed={d.strategy} runs one process",
-        )
+def _check_unless_default(cfg: DictConfig, key: str) -> None:
+    """The node `key` of a feature a run may leave off, checked where it differs from its
+    schema defaults (those pass)."""
+    node = cfg[key]
+    if node != OmegaConf.structured(OmegaConf.get_type(node)):
+        _check_feature(cfg, key)
 
 
-def _check_channels(cfg: DictConfig) -> None:
-    """device_transforms.mean and std: one value, or one per channel of the data."""
-    channels = cfg.data.get("channels")
-    for key in ("mean", "std"):
-        values = list(cfg.device_transforms[key])
-        if channels is not None and len(values) not in (1, channels):
-            fail(
-                f"device_transforms.{key}",
-                values,
-                f"expected one value or one per channel ({channels})",
-            )
+def _check_feature(cfg: DictConfig, name: str) -> None:
+    """feature_checks.py's `check_<name>`: the module loads for a run that sets a feature."""
+    from gearshift.config import feature_checks
 
-
-# The data keys of image sources that conf/task/classification.yaml and the image models
-# read; a source without them gives the task (and model) their values itself.
-IMAGE_KEYS = ("data.num_classes", "data.channels", "data.image_size")
-IMAGE_KEYS_HINTS = {
-    "task": "task.num_classes=N and task.input_shape=[...] (one sample's inputs' shape, e.g. [12])",
-    "model.num_classes": "model.num_classes=N",
-    "model.in_shape": "model.in_shape=[...] (one sample's inputs' shape)",
-    "model.in_channels": "model.in_channels=N",
-}
+    getattr(feature_checks, f"check_{name}")(cfg)
 
 
 def _check_resolves(cfg: DictConfig, group: str) -> None:
@@ -136,23 +90,8 @@ def _check_resolves(cfg: DictConfig, group: str) -> None:
             if isinstance(node, (DictConfig, ListConfig)):
                 OmegaConf.to_container(node, resolve=True)
         except InterpolationKeyError as error:
+            from gearshift.config.unknown_keys import missing_key_hint  # bad input only
+
             missing = str(error).split("'")[1] if "'" in str(error) else str(error)
-            hint = ""
-            if missing in ("data.vocab_size", "data.block_size"):
-                hint = " (token data has it: data=synthetic_tokens or data=tokens)"
-            elif missing in IMAGE_KEYS:  # the default task's and models' nodes follow images
-                name = group if group == "task" else f"{group}.{key}"  # both of the task's
-                hint = f"; a source without images sets {IMAGE_KEYS_HINTS.get(name, f'{name}=...')}"
+            hint = missing_key_hint(group, key, missing)
             fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
-
-
-def _check_model_takes_tokens(cfg: DictConfig) -> None:
-    """Token data (its node has block_size and vocab_size) and a model that reads them (the
-    GPT): its context holds a whole window and its embedding every token id; else the
-    first step fails inside the model (a reshape or an index out of range)."""
-    data, model = cfg.data, cfg.model
-    for key, what in (("block_size", "the data's windows are"), ("vocab_size", "the data has")):
-        wanted, has = data.get(key), model.get(key)
-        if isinstance(wanted, int) and isinstance(has, int) and has < wanted:
-            unit = "tokens" if key == "block_size" else "token ids"
-            fail(f"model.{key}", has, f"{what} data.{key}={wanted} {unit}: expected >= {wanted}")

@@ -7,11 +7,9 @@ The checks of the sources read from disk are in disk_checks.py, loaded by a run 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from omegaconf import DictConfig, OmegaConf
 
-from gearshift.config.rules import check_int, fail
+from gearshift.config.rules import check_int, fail, locate
 
 # The built-in data sources by their _target_, with the names their conf/data files have;
 # their values are checked here, before any run folder exists. A source of your own is
@@ -23,10 +21,13 @@ SOURCES = {
     "gearshift.data.images.cifar10": "cifar10",
     "gearshift.data.shards.shards": "shards",
 }
-# Sources with a check of their own, by _target_: data=synthetic_tokens's below, data=hf's in
-# config/disk_checks.py and data=tokens's in config/token_files.py (each loaded for its
-# sources only).
-SOURCE_CHECKS: dict[str, Callable[[DictConfig], None]] = {}
+# Sources with a check of their own (a function of gearshift.config), by _target_: each
+# module loads for its source only.
+SOURCE_CHECKS = {
+    "gearshift.data.tokens.synthetic_tokens": "token_targets.check_synthetic_tokens",
+    "gearshift.data.tokens.token_files": "token_files.check_token_config",
+    "gearshift.data.hf.hf": "disk_checks.check_hf",
+}
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
     "path": None,
@@ -48,7 +49,7 @@ def check_data(cfg: DictConfig) -> None:
     if not target:
         fail("data._target_", target, "name the source: a function that returns the datasets")
     if target in SOURCE_CHECKS:
-        SOURCE_CHECKS[target](cfg)
+        locate("data._target_", f"gearshift.config.{SOURCE_CHECKS[target]}")(cfg)
         return
     name = SOURCES.get(target)
     if name is None:
@@ -80,26 +81,6 @@ def check_data(cfg: DictConfig) -> None:
         )
 
 
-def _check_synthetic_tokens(cfg: DictConfig) -> None:
-    """data=synthetic_tokens: windows of data.block_size tokens below data.vocab_size."""
-    check_int(cfg, "data.num_samples", 1)
-    check_int(cfg, "data.num_val_samples", 0)
-    for key in ("data.block_size", "data.vocab_size", "data.successors"):
-        check_int(cfg, key, 1)
-
-
-SOURCE_CHECKS["gearshift.data.tokens.synthetic_tokens"] = _check_synthetic_tokens
-
-
-def _check_token_files(cfg: DictConfig) -> None:
-    from gearshift.config.token_files import check_token_config
-
-    check_token_config(cfg)
-
-
-SOURCE_CHECKS["gearshift.data.tokens.token_files"] = _check_token_files
-
-
 # data=tokens' and task=lm's values from the token folder's meta file (config/token_files.py)
 def _token_vocab(path: str | None) -> int | None:
     from gearshift.config.token_files import meta_vocab_size
@@ -115,12 +96,3 @@ def _token_bytes(path: str | None) -> float | None:
 
 OmegaConf.register_new_resolver("gearshift_token_vocab", _token_vocab)
 OmegaConf.register_new_resolver("gearshift_token_bytes", _token_bytes)
-
-
-def _check_hf(cfg: DictConfig) -> None:
-    from gearshift.config.disk_checks import check_hf
-
-    check_hf(cfg)
-
-
-SOURCE_CHECKS["gearshift.data.hf.hf"] = _check_hf

@@ -11,14 +11,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from gearshift.config.rules import check_choice, check_int, fail
-from gearshift.config.targets import (
+from gearshift.config.disk_targets import (
     BATCH_DTYPES,
     CHECK_IMAGES,
     DECODERS,
     DECODES,
     STAGE_FORMATS,
 )
+from gearshift.config.rules import check_choice, check_int, fail
 
 
 def check_disk_data(cfg: DictConfig, name: str) -> None:

@@ -7,11 +7,13 @@ config. What types alone cannot express sits beside the fields too: each datacla
 dataclass: values such as `auto` and interpolations stay as they are) and raises
 ConfigError for the first value that is not allowed; a key with a fixed set of values has
 it defined here, beside its field. checks.py runs these and the checks that span nodes.
+The checks of the features a run may leave off (amp, compile, batch_size_finder, ema,
+early_stop, profile, plan, sweep, distributed, device_transforms, a scheduler class,
+max_tokens, model.init_from, ...) are in feature_checks.py, loaded for a run that sets one.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import os
@@ -31,10 +33,6 @@ AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
 @dataclass
 class AmpConfig:
     dtype: str = "none"  # AMP_DTYPES; auto (amp=on): bf16 where it is fast, else fp16 or none
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        check_choice(node, "dtype", AMP_DTYPES, "amp.")
 
 
 @dataclass
@@ -77,11 +75,6 @@ class CompileConfig:
     fullgraph: bool = False  # true: a graph break is an error
     dynamic: bool | None = None  # dynamic shapes; null: torch decides
 
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        check_choice(node, "mode", COMPILE_MODES, "compile.")
-        check_switch(node, "enabled", COMPILE_ENABLED, "compile.")
-
 
 @dataclass
 class DeviceTransformsConfig:
@@ -93,13 +86,6 @@ class DeviceTransformsConfig:
     hflip: bool = False  # random horizontal flip, half of the training samples
     crop_padding: int = 0  # > 0: random crop of the zero-padded training image
 
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        """The values; their count against data.channels spans nodes (checks.py)."""
-        if any(not s > 0 for s in node.std):
-            fail("device_transforms.std", list(node.std), "expected values > 0")
-        check_int(node, "crop_padding", 0, prefix="device_transforms.")
-
 
 @dataclass
 class BatchSizeFinderConfig:
@@ -109,17 +95,6 @@ class BatchSizeFinderConfig:
     memory_fraction: float = 0.5  # CPU: the share of the available RAM to fill
     margin: float = 0.1  # back off this share from the largest size that fit
     max_batch_size: int = 4096  # the largest size it returns
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        at = "batch_size_finder."
-        if node.max_memory_gib is not None and not node.max_memory_gib > 0:
-            fail(at + "max_memory_gib", node.max_memory_gib, "expected a number > 0")
-        if not 0 < node.memory_fraction <= 1:
-            fail(at + "memory_fraction", node.memory_fraction, "expected 0 < x <= 1")
-        if not 0 <= node.margin < 1:
-            fail(at + "margin", node.margin, "expected 0 <= x < 1")
-        check_int(node, "max_batch_size", 8, prefix=at)
 
 
 OPTIMIZERS = ("sgd", "adamw", "muon")
@@ -237,12 +212,6 @@ class OptimizerConfig:
         check_keywords("optimizer", target, keywords)
 
 
-SCHEDULER_CLASS = (
-    "expected an importable torch.optim.lr_scheduler.LRScheduler subclass (module.Name) that "
-    "steps without a metric, or null: optimizer.schedule"
-)
-
-
 @dataclass
 class SchedulerConfig:
     """The scheduler node: `_target_`, a torch.optim.lr_scheduler class (torch's or one's
@@ -252,25 +221,6 @@ class SchedulerConfig:
     warm-up). Null: the built-in schedule, optimizer.schedule."""
 
     _target_: str | None = None  # the class (module.Name); null: optimizer.schedule
-
-    @staticmethod
-    def check_node(node: DictConfig, optimizer: DictConfig) -> None:
-        """A scheduler class with the keywords it takes, in place of optimizer.schedule."""
-        target = node.get("_target_")
-        if target is None:
-            return
-        found = locate("scheduler._target_", target, SCHEDULER_CLASS)
-        bases = {f"{c.__module__}.{c.__qualname__}" for c in getattr(found, "__mro__", ())}
-        lr_scheduler = "torch.optim.lr_scheduler."
-        if f"{lr_scheduler}LRScheduler" not in bases or f"{lr_scheduler}ReduceLROnPlateau" in bases:
-            fail("scheduler._target_", target, SCHEDULER_CLASS)
-        if optimizer.schedule != "cosine":
-            fail(
-                "optimizer.schedule", optimizer.schedule,
-                f"scheduler._target_={target} is the schedule: leave optimizer.schedule at cosine",
-            )  # fmt: skip
-        keywords = {k: v for k, v in node.items() if k != "_target_"}
-        check_keywords("scheduler", target, keywords, given=("total_steps",))
 
 
 def number(node: DictConfig, key: str, at: str, expected: str) -> float | None:
@@ -336,14 +286,8 @@ class LoggerConfig:
 
     @staticmethod
     def check_node(node: DictConfig) -> None:
+        """The mode; logger=tensorboard's package: feature_checks.py."""
         check_choice(node, "mode", LOGGER_MODES, "logger.")
-        if node.tensorboard and importlib.util.find_spec("tensorboard") is None:
-            fail(
-                "logger",
-                "tensorboard",
-                "the tensorboard package is not installed: pip install tensorboard "
-                "(or gearshift's extra: pip install -e '.[tensorboard]')",
-            )
 
 
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
@@ -361,15 +305,6 @@ class DistributedConfig:
     bucket_cap_mb: int = 25  # DDP's gradient bucket size
     gradient_as_bucket_view: bool = False  # DDP: gradients as views into the buckets
     static_graph: bool = False  # DDP: the graph is the same every step
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        """The values; whether the strategy fits the launch and device spans nodes."""
-        check_choice(node, "strategy", STRATEGIES, "distributed.")
-        check_choice(node, "backend", BACKENDS, "distributed.")
-        for key in ("nproc_per_node", "timeout_s", "bucket_cap_mb"):
-            check_int(node, key, 1, prefix="distributed.")
-        check_int(node, "max_restarts", 0, prefix="distributed.")
 
 
 @dataclass
@@ -393,14 +328,6 @@ class EmaConfig:
     every_n_steps: int = 1  # fold the weights in every N optimizer steps
     start_step: int = 0  # before this step the average follows the weights
 
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        decay = node.decay
-        if decay is not None and not 0 < decay < 1:
-            fail("ema.decay", decay, "expected a number > 0 and < 1 (or null to turn it off)")
-        check_int(node, "every_n_steps", 1, prefix="ema.")
-        check_int(node, "start_step", 0, prefix="ema.")
-
 
 @dataclass
 class EarlyStopConfig:
@@ -408,12 +335,6 @@ class EarlyStopConfig:
 
     patience: int | None = None  # validations without an improvement; null: off
     min_delta: float = 0.0  # an improvement beats the best by more than this
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        check_int(node, "patience", 1, optional=True, prefix="early_stop.")
-        if not node.min_delta >= 0:  # NaN too
-            fail("early_stop.min_delta", node.min_delta, "expected a number >= 0")
 
 
 @dataclass
@@ -429,11 +350,6 @@ class ProfileConfig:
     with_stack: bool = False  # Python stacks in the trace
     profile_memory: bool = False  # tensor memory in the trace
     memory_snapshot: bool = False  # CUDA: profile/memory_snapshot.pickle, at the end and on OOM
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        for key, minimum in (("wait", 0), ("warmup", 0), ("active", 1)):
-            check_int(node, key, minimum, prefix="profile.")
 
 
 # plan.device: the run's own device (auto), the CPU, or a GPU of observe/gpu_datasheets.py's table
@@ -455,29 +371,12 @@ class PlanConfig:
     headroom: float = 0.1  # the share of the device's memory left free by the largest batch
     check: bool = False  # the plan beside the measured peak and step time in summary.json
 
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        """A device of the table, whole ranks, a headroom that leaves some memory."""
-        check_choice(node, "device", PLAN_DEVICES, "plan.")
-        check_int(node, "world_size", 1, optional=True, prefix="plan.")
-        headroom = node.headroom
-        if (
-            isinstance(headroom, bool)
-            or not isinstance(headroom, int | float)
-            or not 0 <= headroom < 1
-        ):
-            fail("plan.headroom", headroom, "expected a share of the memory, 0 <= headroom < 1")
-
 
 @dataclass
 class SweepConfig:
     """Settings of the sweep presets (conf/sweep/): `sweep=ablation` reads them."""
 
     rounds: int = 5  # the ablation's rounds: each runs every configuration once (seed=round)
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        check_int(node, "rounds", 1, prefix="sweep.")  # range(0, 0) sweeps nothing
 
 
 @dataclass
@@ -553,7 +452,8 @@ class Config:
 
     @staticmethod
     def check_node(cfg: DictConfig) -> None:
-        """The keys at the config's top; `device` is checked last (check_device)."""
+        """The keys at the config's top; `device` (checked last), max_tokens and
+        model.init_from where set: feature_checks.py."""
         check_choice(cfg, "matmul_precision", MATMUL_PRECISIONS)
         check_switch(cfg, "deterministic", DETERMINISTIC)
         for key in ("accum", "epochs", "log_every_n_steps"):
@@ -563,7 +463,6 @@ class Config:
             fail("batch_size", value, "expected an integer >= 1 or auto")
         check_int(cfg, "warmup_steps", 0)
         check_int(cfg, "max_steps", 1, optional=True)
-        _check_max_tokens(cfg.get("max_tokens"))
         check_int(cfg, "val_every_n_steps", 1, optional=True)
         if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
             fail(
@@ -571,7 +470,9 @@ class Config:
                 cfg.resume,
                 "no such checkpoint file; give a checkpoint's path, auto or null",
             )
-        _check_init_from(cfg.model)
+        strict = cfg.model.get("init_strict", True)
+        if not isinstance(strict, bool):
+            fail("model.init_strict", strict, "choose true or false")
         check_choice(cfg, "on_nonfinite", ON_NONFINITE)
 
     @staticmethod
@@ -583,48 +484,6 @@ class Config:
                 fail(f"{key}._target_", target, f"name the {what} to build")
             if key in uses:
                 locate(f"{key}._target_", target)
-
-    @staticmethod
-    def check_device(device: str) -> None:
-        """`device` names one this machine has."""
-        import torch
-
-        if device in ("auto", "cpu"):
-            return
-        if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
-            if not torch.cuda.is_available():
-                fail("device", device, "this machine has no CUDA device; choose auto or cpu")
-            index = int(device[5:]) if ":" in device else 0
-            if index >= torch.cuda.device_count():
-                fail(
-                    "device", device, f"this machine has {torch.cuda.device_count()} CUDA device(s)"
-                )
-            return
-        fail("device", device, "choose one of: " + ", ".join(DEVICES))
-
-
-def _check_max_tokens(value: Any) -> None:
-    """max_tokens: an integer >= 1, also written as a whole float (1e9), or null."""
-    if value is None:
-        return
-    whole = isinstance(value, float) and value.is_integer()
-    if isinstance(value, bool) or not (isinstance(value, int) or whole) or value < 1:
-        fail("max_tokens", value, "expected an integer >= 1, e.g. 5000000 or 5e6 (or null)")
-
-
-def _check_init_from(model: DictConfig) -> None:
-    """model.init_from names a file or a folder (what it holds: state/init_from.py)."""
-    init_from, strict = model.get("init_from"), model.get("init_strict", True)
-    if not isinstance(strict, bool):
-        fail("model.init_strict", strict, "choose true or false")
-    if init_from is None:
-        return
-    if not isinstance(init_from, str) or not Path(init_from).expanduser().exists():
-        fail(
-            "model.init_from", init_from,
-            "no such file or folder; give a checkpoint, a state dict or a Hugging Face "
-            "GPT-2 folder (or null)",
-        )  # fmt: skip
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

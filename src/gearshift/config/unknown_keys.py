@@ -1,6 +1,7 @@
 """One line for an override of a key its node does not have (`model.delay=0.3`), in place
 of OmegaConf's "Key 'delay' is not in struct": the node, the closest keys it has, and how
-to add an argument that the node's class accepts (`+model.delay=0.3`)."""
+to add an argument that the node's class accepts (`+model.delay=0.3`). And the hint for a
+model or task that reads a key the data lacks (checks.py: model=gpt on image data)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,25 @@ def _accepts(target: str, key: str) -> bool | None:
     except Exception:  # anything a user's module raises on import: tell what is known
         return None
     return any(p.name == key or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+# The data keys of image sources that conf/task/classification.yaml and the image models
+# read; a source without them gives the task (and model) their values itself.
+IMAGE_KEYS = ("data.num_classes", "data.channels", "data.image_size")
+IMAGE_KEYS_HINTS = {
+    "task": "task.num_classes=N and task.input_shape=[...] (one sample's inputs' shape, e.g. [12])",
+    "model.num_classes": "model.num_classes=N",
+    "model.in_shape": "model.in_shape=[...] (one sample's inputs' shape)",
+    "model.in_channels": "model.in_channels=N",
+}
+
+
+def missing_key_hint(group: str, key: str, missing: str) -> str:
+    """What ends the line for `group.key`, which reads the key `missing` that this config
+    lacks: where it comes from."""
+    if missing in ("data.vocab_size", "data.block_size"):
+        return " (token data has it: data=synthetic_tokens or data=tokens)"
+    if missing in IMAGE_KEYS:  # the default task's and models' nodes follow images
+        name = group if group == "task" else f"{group}.{key}"  # both of the task's
+        return f"; a source without images sets {IMAGE_KEYS_HINTS.get(name, f'{name}=...')}"
+    return ""
