@@ -74,6 +74,7 @@ NOT_CONFIGURED = (
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA
     "gearshift.parallel.process_group",  # several ranks
     "gearshift.parallel.slurm_env",  # srun with several tasks
+    "gearshift.parallel.wrappers",  # distributed=ddp, dp or fsdp
     "gearshift.state.restore",  # a resumed run
     "gearshift.state.checkpoint_reads",  # a checkpoint read: resume, evaluate, model.init_from
     "gearshift.engine.optim_loading",  # a resumed run
