@@ -55,6 +55,7 @@ NOT_CONFIGURED = (
     "gearshift.tasks.lm",  # task=lm
     "gearshift.observe.token_rates",  # a task whose samples are tokens (tokens_per_sample)
     "gearshift.tasks.regression",  # task=regression
+    "gearshift.data.synthetic_regression",  # data=synthetic_regression
     "gearshift.config.token_files",  # data=tokens
     "gearshift.state.init_from",  # model.init_from
     "gearshift.data.prefetch",  # CUDA

@@ -204,7 +204,7 @@ class LanguageModelNode:
 # The built-in targets' descriptions, by the _target_ their conf/ files name.
 TYPED: dict[str, type] = {
     "gearshift.data.synthetic.synthetic_images": SyntheticImagesNode,
-    "gearshift.data.synthetic.synthetic_regression": SyntheticRegressionNode,
+    "gearshift.data.synthetic_regression.synthetic_regression": SyntheticRegressionNode,
     "gearshift.data.tokens.synthetic_tokens": SyntheticTokensNode,
     "gearshift.data.tokens.token_files": TokenFilesNode,
     "gearshift.data.images.image_folder": ImageFolderNode,
