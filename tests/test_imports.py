@@ -56,6 +56,7 @@ NOT_CONFIGURED = (
     "gearshift.tasks.lm",  # task=lm
     "gearshift.observe.token_rates",  # a task whose samples are tokens (tokens_per_sample)
     "gearshift.tasks.regression",  # task=regression
+    "gearshift.data.synthetic_regression",  # data=synthetic_regression
     "gearshift.config.token_files",  # data=tokens
     "gearshift.state.init_from",  # model.init_from
     "gearshift.data.prefetch",  # CUDA
@@ -81,6 +82,7 @@ NOT_CONFIGURED = (
     "gearshift.observe.advisor_base",
     "gearshift.parallel.process_group",  # several ranks
     "gearshift.parallel.slurm_env",  # srun with several tasks
+    "gearshift.parallel.wrappers",  # distributed=ddp, dp or fsdp
     "gearshift.state.restore",  # a resumed run
     "gearshift.state.checkpoint_reads",  # a checkpoint read: resume, evaluate, model.init_from
     "gearshift.engine.optim_loading",  # a resumed run

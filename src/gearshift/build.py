@@ -53,7 +53,6 @@ from gearshift.observe.throughput import PerfMeter
 from gearshift.parallel.distributed import (
     Ranks,
     destroy_process_group,
-    rank_zero_value,
     ranks_from_environment,
     resolve_strategy,
     wrap_model,
@@ -293,8 +292,8 @@ def distributed_job(cfg: DistributedConfig, device_name: str, run_dir: Path) -> 
     device = resolve_device(device_name, ranks.local_rank)
     if not ranks.is_zero:  # rank 0 speaks for the job
         logging.getLogger("gearshift").setLevel(logging.WARNING)
-    if strategy in ("ddp", "fsdp"):
-        from gearshift.parallel.process_group import init_process_group  # several ranks only
+    if strategy in ("ddp", "fsdp"):  # several ranks only
+        from gearshift.parallel.process_group import init_process_group, rank_zero_value
 
         init_process_group(ranks, device, cfg)
         run_dir = Path(rank_zero_value(str(run_dir)))  # one run folder, rank 0's, for every rank
@@ -414,6 +413,8 @@ def build_precision(
     if amp is None:
         amp = resolve_amp(cfg.amp.dtype, device)
         if device.type == "cpu" and strategy in ("ddp", "fsdp"):
+            from gearshift.parallel.process_group import rank_zero_value  # several ranks only
+
             amp = rank_zero_value(amp)  # one dtype for all ranks, though their probes may differ
     return Precision(amp.dtype, device, amp.reason)
 

@@ -16,7 +16,7 @@ from gearshift.config.rules import check_int, fail, locate
 # checked by its own code when it builds the datasets.
 SOURCES = {
     "gearshift.data.synthetic.synthetic_images": "synthetic",
-    "gearshift.data.synthetic.synthetic_regression": "synthetic_regression",
+    "gearshift.data.synthetic_regression.synthetic_regression": "synthetic_regression",
     "gearshift.data.images.image_folder": "imagefolder",
     "gearshift.data.images.cifar10": "cifar10",
     "gearshift.data.shards.shards": "shards",

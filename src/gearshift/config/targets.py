@@ -73,7 +73,7 @@ class ClassificationNode:
 # small_targets.py, which load only when a node names one of their targets.
 TYPED: dict[str, str] = {
     "gearshift.data.synthetic.synthetic_images": "targets.SyntheticImagesNode",
-    "gearshift.data.synthetic.synthetic_regression": "small_targets.SyntheticRegressionNode",
+    "gearshift.data.synthetic_regression.synthetic_regression": "small_targets.SyntheticRegressionNode",
     "gearshift.data.tokens.synthetic_tokens": "token_targets.SyntheticTokensNode",
     "gearshift.data.tokens.token_files": "token_targets.TokenFilesNode",
     "gearshift.data.images.image_folder": "disk_targets.ImageFolderNode",

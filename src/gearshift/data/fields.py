@@ -68,7 +68,13 @@ class FieldReader:
             try:
                 self.task.split(sample)
             except ConfigError:
-                raise ConfigError(self.missing(sample)) from None
+                if not self.chosen:
+                    raise ConfigError(self.task.unreadable(sample)) from None
+                got = ", ".join(map(str, sample)) or "none"
+                raise ConfigError(
+                    f"data.fields={self.chosen} is not allowed; the samples' fields are {got}; "
+                    f"expected {self.task.wanted()}"
+                ) from None
         elif not (
             isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) == 2
         ):
@@ -78,15 +84,6 @@ class FieldReader:
             )
         else:
             self.task.split(default_collate([sample]))  # a pair reads as it is
-
-    def missing(self, sample: Mapping[str, Any]) -> str:
-        if not self.chosen:
-            return self.task.unreadable(sample)
-        got = ", ".join(map(str, sample)) or "none"
-        return (
-            f"data.fields={self.chosen} is not allowed; the samples' fields are {got}; "
-            f"expected {self.task.wanted()}"
-        )
 
 
 def first_sample(dataset: Any) -> Any:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
 from gearshift.config.schema import DataLoaderConfig
@@ -128,6 +129,40 @@ def host_settings(dl: DataLoaderConfig, device: torch.device) -> LoaderSettings:
     """The `dataloader` node against this machine."""
     workers, reason = loader_workers(dl.num_workers, device)
     return LoaderSettings(workers, reason, resolve_pin_memory(dl.pin_memory, device))
+
+
+def host_batches(
+    data: DictConfig,
+    dataloader: DataLoaderConfig,
+    train_set: Dataset,
+    val_set: Dataset | None,
+    device: torch.device,
+    batch_size: int,
+    seed: int,
+    max_steps: int | None,
+    memory_format: torch.memory_format,
+    rank: int,
+    world_size: int,
+    settings: LoaderSettings | None,
+) -> tuple[Any, Any | None]:
+    """loading.py `build_batches` for a source served from the host: (a loader of the
+    training set, one of the validation set or None)."""
+    if isinstance(train_set, IterableDataset):
+        from gearshift.data.streams import check_length
+
+        check_length(train_set, max_steps)  # unknown length: max_steps ends the run
+    serve = {
+        "settings": settings,
+        "decode": OmegaConf.select(data, "decode"),
+        "memory_format": memory_format,
+        "rank": rank,
+        "world_size": world_size,
+    }
+    train = build_loader(train_set, dataloader, batch_size, device, True, seed, **serve)
+    val = None
+    if val_set is not None:
+        val = build_loader(val_set, dataloader, batch_size, device, False, seed, **serve)
+    return train, val
 
 
 def build_loader(

@@ -12,12 +12,13 @@ any batch, so a resumed run continues exactly.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils._pytree import tree_map
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from gearshift.config import ConfigError
 from gearshift.config.schema import DataLoaderConfig
@@ -25,29 +26,20 @@ from gearshift.data.loading_base import Batch, LoaderSettings, batches_per_epoch
 from gearshift.data.synthetic import TensorPairs
 
 
+@dataclass(eq=False)
 class DeviceBatches:
     """Batches sliced from tensors that already live on the training device (tip 4)."""
 
-    def __init__(
-        self,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-        batch_size: int,
-        shuffle: bool,
-        drop_last: bool,
-        seed: int,
-        rank: int = 0,
-        world_size: int = 1,
-    ) -> None:
-        self.inputs, self.targets = inputs, targets
-        self.batch_size, self.shuffle, self.drop_last, self.seed = (
-            batch_size,
-            shuffle,
-            drop_last,
-            seed,
-        )
-        self.rank, self.world_size = rank, world_size
-        self.epoch = self.start = 0
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    batch_size: int
+    shuffle: bool
+    drop_last: bool
+    seed: int
+    rank: int = 0
+    world_size: int = 1
+    epoch: int = 0  # what the next iteration yields (set_epoch)
+    start: int = 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """The next iteration yields `epoch`'s batches from the epoch's sample `start` on."""
@@ -61,15 +53,9 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[Batch]:
         order = epoch_order(
-            len(self.targets),
-            self.epoch,
-            self.seed,
-            self.shuffle,
-            self.rank,
-            self.world_size,
-            device=self.inputs.device,
-            start=self.start,
-        )
+            len(self.targets), self.epoch, self.seed, self.shuffle, self.rank, self.world_size,
+            device=self.inputs.device, start=self.start,
+        )  # fmt: skip
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = order[start : start + self.batch_size]
             # index_select: on a CPU ~10x faster than advanced indexing (x[index]) for a batch
@@ -103,30 +89,20 @@ def build_batches(
     (inputs, targets) with `set_epoch(epoch, start)` (the epoch's first sample to serve, over
     all ranks) and `len()` (this rank's batches from there to the epoch's end). `data`: the
     data node (`on_device`, `decode`); `max_steps` ends a stream of unknown length."""
-    shard = {"rank": rank, "world_size": world_size}
     if data.get("on_device"):  # the source made its tensors on the device: slice them there
         drop_last = dataloader.drop_last
+        shard = {"rank": rank, "world_size": world_size}
         train = DeviceBatches(*_tensors(train_set), batch_size, True, drop_last, seed, **shard)
         val = None
         if val_set is not None:
             val = DeviceBatches(*_tensors(val_set), batch_size, False, False, seed, **shard)
-    else:
-        from gearshift.data.host_loader import build_loader
+    else:  # served from the host by a DataLoader
+        from gearshift.data.host_loader import host_batches
 
-        if isinstance(train_set, IterableDataset):
-            from gearshift.data.streams import check_length
-
-            check_length(train_set, max_steps)  # unknown length: max_steps ends the run
-        serve = {
-            "settings": settings,
-            "decode": OmegaConf.select(data, "decode"),
-            "memory_format": memory_format,
-            **shard,
-        }
-        train = build_loader(train_set, dataloader, batch_size, device, True, seed, **serve)
-        val = None
-        if val_set is not None:
-            val = build_loader(val_set, dataloader, batch_size, device, False, seed, **serve)
+        train, val = host_batches(
+            data, dataloader, train_set, val_set, device, batch_size, seed, max_steps,
+            memory_format, rank, world_size, settings,
+        )  # fmt: skip
     if len(train) == 0:  # drop_last with fewer samples than one batch
         raise ConfigError(
             f"batch_size={batch_size} is not allowed; with dataloader.drop_last=true it "
@@ -159,11 +135,7 @@ def to_device(
             return x.to(device, non_blocking=non_blocking, memory_format=memory_format)
         return x.to(device, non_blocking=non_blocking)
 
-    return _map(move, batch)
-
-
-def _map(fn, x: Any) -> Any:
-    return fn(x) if isinstance(x, torch.Tensor) else tree_map(fn, x)  # the common case first
+    return tree_map(move, batch)  # a lone tensor is a leaf: move(batch)
 
 
 def stream_position(batches: Any) -> Any | None:

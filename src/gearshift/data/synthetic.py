@@ -1,12 +1,10 @@
 """Built-in sources that need no files: learnable synthetic data, made where it is used.
 
-`data=synthetic` draws images around one random pattern per class, so a model can learn
-it; `data=synthetic_regression` draws images whose targets are a fixed random linear
-function of their channel means. With `data.on_device=true` the build passes the
-training device and the whole set is generated there (docs/gears.md tip 4: no loader, no copies);
-otherwise it is an ordinary map-style dataset on the host, served by a DataLoader like
-real data, so the data-loader gears have something to act on.
-"""
+`data=synthetic` draws images around one random pattern per class, so a model can learn it
+(synthetic_regression.py: `data=synthetic_regression`). With `data.on_device=true` the
+build passes the training device and the whole set is generated there (docs/gears.md tip 4:
+no loader, no copies); otherwise it is an ordinary map-style dataset on the host, served by
+a DataLoader like real data, so the data-loader gears have something to act on."""
 
 from __future__ import annotations
 
@@ -62,29 +60,5 @@ def synthetic_images(
         labels = torch.randint(num_classes, (n,), generator=g, device=device)
         images = patterns[labels] + noise * torch.randn((n, *shape), generator=g, device=device)
         return TensorPairs(images, labels)
-
-    return split(num_samples, 0), _pairs_or_none(split(num_val_samples, 1))
-
-
-def synthetic_regression(
-    num_samples: int = 4096,
-    num_val_samples: int = 512,
-    image_size: int = 8,
-    channels: int = 3,
-    num_outputs: int = 4,
-    noise: float = 0.1,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-) -> tuple[TensorPairs, TensorPairs | None]:
-    """Gaussian images; targets = (channel means) @ a fixed random matrix + a little noise."""
-    g = torch.Generator(device=device).manual_seed(seed)
-    weights = torch.randn(channels, num_outputs, generator=g, device=device) * image_size
-
-    def split(n: int, index: int) -> TensorPairs:
-        g = _split_generator(seed, index, torch.device(device))
-        images = torch.randn((n, channels, image_size, image_size), generator=g, device=device)
-        targets = images.mean(dim=(2, 3)) @ weights
-        targets += noise * torch.randn(targets.shape, generator=g, device=device)
-        return TensorPairs(images, targets)
 
     return split(num_samples, 0), _pairs_or_none(split(num_val_samples, 1))

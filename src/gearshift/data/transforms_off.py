@@ -24,12 +24,9 @@ if TYPE_CHECKING:
 
 def describe_transforms(cfg: DeviceTransformsConfig) -> str:
     """The switched-on transforms, for the summary's gears: e.g. "normalize+hflip+crop4"."""
-    parts = [
-        *(["normalize"] if cfg.normalize else []),
-        *(["hflip"] if cfg.hflip else []),
-        *([f"crop{cfg.crop_padding}"] if cfg.crop_padding else []),
-    ]
-    return "+".join(parts) or "off"
+    crop = f"crop{cfg.crop_padding}"
+    switches = {"normalize": cfg.normalize, "hflip": cfg.hflip, crop: cfg.crop_padding}
+    return "+".join(name for name, on in switches.items() if on) or "off"
 
 
 def source_transforms(dataset: Any) -> Mapping[str, Any] | None:

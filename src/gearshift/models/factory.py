@@ -12,7 +12,8 @@ from torch import nn
 
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
-from gearshift.config.schema import MODEL_KEYS, CompileConfig
+from gearshift.config.schema import CompileConfig
+from gearshift.config.targets import TRAINER_KEYS
 
 
 def memory_layout(channels_last: bool) -> torch.memory_format:
@@ -31,9 +32,8 @@ def instantiate_model(model_cfg: DictConfig) -> nn.Module:
     """The model `model_cfg` names, with `model.checkpointing` applied, where torch puts new
     tensors (observe/plan.py: fake ones, on the planned device)."""
     options = OmegaConf.to_container(model_cfg, resolve=True)
-    checkpointing = options.pop("checkpointing", False)  # a gear, not a model argument
-    for key in MODEL_KEYS:  # gearshift's (build.py applies model.init_from)
-        options.pop(key, None)
+    # gearshift's keys, not the model's: the checkpointing gear, model.init_from (build.py's)
+    checkpointing, *_ = (options.pop(key, None) for key in TRAINER_KEYS["model"])
     model = instantiate("model", options)
     if not isinstance(model, nn.Module):
         raise ConfigError(

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from omegaconf import DictConfig
 
 from gearshift.config.rules import locate
-from gearshift.parallel.distributed import Ranks, rank_zero_value
+from gearshift.parallel.distributed import Ranks
+from gearshift.parallel.process_group import rank_zero_value
 
 
 class Reporter(Protocol):

@@ -1,6 +1,6 @@
 """The process group of a DDP or FSDP run (build.py `distributed_job`): nccl on CUDA, gloo
-on CPU, under torchrun on a store private to this restart attempt. Loaded only where there
-are several ranks.
+on CPU, under torchrun on a store private to this restart attempt; and rank 0's values told
+to every rank. Loaded only where there are several ranks.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -80,3 +81,10 @@ def agree_on_attempt(store: dist.Store, ranks: Ranks, timeout: timedelta) -> str
             return name
         time.sleep(0.1)  # an earlier attempt's echo: wait for this attempt's rank 0
     raise TimeoutError(f"rank {ranks.rank}: rank 0 did not start within {timeout}")
+
+
+def rank_zero_value(value: Any) -> Any:
+    """Rank 0's `value` on every rank (e.g. the run folder, which Hydra names per process)."""
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,10 +1,25 @@
-"""Where rank 0 of a job `srun` started listens (distributed.py `adopt_slurm_environment`):
-loaded only under SLURM with several tasks and no MASTER_ADDR."""
+"""SLURM's variables as the ranks' (torchrun's), and where rank 0 of a job `srun` started
+listens: loaded only under `srun` with several tasks and no torchrun (distributed.py
+`ranks_from_environment`)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+
+
+def adopt_slurm_environment() -> None:
+    """Under `srun` with several tasks and no torchrun, SLURM's variables name the ranks."""
+    os.environ.update(
+        RANK=os.environ["SLURM_PROCID"],
+        WORLD_SIZE=os.environ["SLURM_NTASKS"],
+        LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"),
+        MASTER_ADDR=os.environ.get("MASTER_ADDR")
+        or slurm_master_address(os.environ.get("SLURM_JOB_NODELIST", "localhost")),
+        MASTER_PORT=os.environ.get("MASTER_PORT")
+        or str(20000 + int(os.environ.get("SLURM_JOB_ID", "0")) % 20000),
+    )
 
 
 def first_slurm_host(nodelist: str) -> str:

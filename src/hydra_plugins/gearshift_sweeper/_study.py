@@ -105,7 +105,10 @@ def check_sampler(name: str, not_gridded: list[str]) -> None:
 
 
 def build_pruner(name: str, args: dict[str, Any]) -> Any:
-    """Optuna's pruner `name` with its keyword arguments `args` (hydra.sweeper.pruner_args)."""
+    """Optuna's pruner `name` with its keyword arguments `args` (hydra.sweeper.pruner_args).
+    median takes n_startup_trials, n_warmup_steps, interval_steps, n_min_trials;
+    successive_halving min_resource, reduction_factor, min_early_stopping_rate,
+    bootstrap_count; hyperband min_resource, max_resource, reduction_factor, bootstrap_count."""
     import optuna
 
     if name not in PRUNERS:

@@ -35,11 +35,9 @@ class OptunaSweeper(Sweeper):
 
 @dataclass
 class PrunerArgs:
-    """The pruner's keyword arguments (Optuna's names); null ones are left to its defaults.
-    median: n_startup_trials, n_warmup_steps, interval_steps, n_min_trials;
-    successive_halving: min_resource, reduction_factor, min_early_stopping_rate,
-    bootstrap_count; hyperband: min_resource, max_resource, reduction_factor, bootstrap_count.
-    Steps are optimizer steps: the loop reports at each validation (val_every_n_steps)."""
+    """The pruner's keyword arguments (Optuna's names; which pruner takes which: _study.py
+    `build_pruner`); null ones are left to its defaults. Steps are optimizer steps: the loop
+    reports at each validation (val_every_n_steps)."""
 
     n_startup_trials: int | None = None  # trials that complete before any is pruned
     n_warmup_steps: int | None = None  # steps of a trial before it may be pruned
