@@ -37,7 +37,8 @@ def test_summary_reports_mfu_against_the_measured_cpu_peak(tmp_path, monkeypatch
     assert summary == json.loads(json.dumps(result.summary))
 
     assert summary["peak_flops_source"].startswith("measured: float32 matmul")
-    assert summary["peak_flops_per_sec"] > 1e9  # any CPU of this century
+    # a timed rate: no floor a busy machine could miss (a loaded 2-core runner measured 0.65e9)
+    assert math.isfinite(summary["peak_flops_per_sec"]) and summary["peak_flops_per_sec"] > 0
     assert summary["achieved_flops_per_sec"] == pytest.approx(
         summary["flops_per_sample"] * summary["samples_per_sec_per_device"]
     )
