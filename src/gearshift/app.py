@@ -1,9 +1,6 @@
-"""The Hydra task (`train`) and the check of the command line that runs before Hydra's.
-
-`preflight` composes the config the way Hydra will (for a sweep: once per swept value)
-and checks it, so bad input ends with one line naming the key, the value and what is
-allowed, a non-zero exit, and no run folder: Hydra creates that only afterwards.
-"""
+"""The Hydra task (`run_task`) and `preflight`, the check of the command line before Hydra's:
+it composes the config as Hydra will (once per swept value) and checks it, so that bad input
+ends in one line before Hydra creates a run folder (docs/architecture.md, the data flow)."""
 
 from __future__ import annotations
 
@@ -15,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -31,10 +29,6 @@ from gearshift.state.preemption import TrainingStopped
 
 # train.py's `fit(cfg, run_dir, run_name)`: trains, returns a result with the run's summary
 Fit = Callable[[DictConfig, Path, "str | None"], Any]
-
-# Hydra flags after which preflight steps aside: they print, or point at other configs.
-_HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
-_HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun"}
 
 
 def run_task(cfg: DictConfig, fit: Fit) -> float:
@@ -130,25 +124,17 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
         from gearshift.argv_rewrites import hydra_output_elsewhere  # torchrun's, srun's ranks
 
         hydra_output_elsewhere(sys.argv, rank)
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a.split("=")[0] in _HYDRA_CONFIG_FLAGS for a in argv):
-        return
-    overrides, skip_next = [], False
-    for arg in argv:
-        if skip_next:
-            config_name, skip_next = arg, False
-        elif arg in ("-cn", "--config-name"):
-            skip_next = True
-        elif arg.startswith("--config-name="):
-            config_name = arg.split("=", 1)[1]
-        elif not arg.startswith("-"):
-            overrides.append(arg)
+    # Hydra's own parser, as @hydra.main reads the command line: its flags, the overrides
+    args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.config_path is not None or args.config_dir is not None or args.experimental_rerun:
+        return  # configs other than conf/'s: Hydra checks them
+    config_name, overrides = args.config_name or config_name, args.overrides
     if any(word in o.lower() for o in overrides for word in ("true", "false")):  # Hydra's booleans
         from gearshift.argv_rewrites import reword_switches
 
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
             overrides = reword_switches(command_line, overrides, job_rank())
-    if any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
+    if args.help or args.hydra_help or args.info or args.cfg:
         return  # Hydra prints: --cfg job amp=true shows amp=on's config
     try:
         variants = _overrides_to_check(overrides)
@@ -175,8 +161,7 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
 
                     line = naming_the_swept(swept, line)
                 _exit(line)
-        multirun = any(a in ("-m", "--multirun") for a in argv)
-        if problem := _output_folder_problem(config_name, overrides, multirun):
+        if problem := _output_folder_problem(config_name, overrides, args.multirun):
             _exit(problem)
     if any(_sweeper_key(o) for o in overrides):
         from gearshift.sweep_preflight import searched_on_hydra_key

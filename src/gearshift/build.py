@@ -1,13 +1,7 @@
-"""Assemble a run once: every part it trains with, each with the decision that made it.
-
-`build_parts` makes what validating a model needs (precision, task, batches, device
-transforms, the model and its weight average); `build_run` adds what training needs
-(the wrapped forward, the optimizers with their lr schedules, checkpointer, the loop's
-meters, profiler, MFU and, with advise=true, the advisor) and restores a checkpoint into
-them. Every builder decides against this machine once (what `amp=on` means here, how many
-loader workers, whether to compile), and the run's `gears` (summary.json) is the collection
-of those decisions with their reasons.
-"""
+"""Assemble a run once: every part it trains with, each with the decision that made it
+(`build_parts`: what validating a model needs; `build_run`: the rest, and a checkpoint
+restored into them). docs/architecture.md, "Components": each part, its builder and node,
+its state and its gears."""
 
 from __future__ import annotations
 
@@ -90,12 +84,9 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
 log = logging.getLogger(__name__)
 
 
-# What the run decided on this machine, by name, each with its `*_reason` where there was a
-# choice (what `amp=on`, `batch_size=auto`, `dataloader.num_workers=auto` and `compile=auto`
-# came to): made once by the builder, read-only after (a read-only view of a dict, the
-# standard library's). The config stays as composed; this record is what the run trained
-# with: summary.json's `gears`, and a checkpoint's `decisions`, which a resumed run repeats
-# (`amp=on`'s dtype, the batch size `batch_size=auto` found).
+# What the run decided on this machine, by name, each choice with its `*_reason`: made once
+# by the builder, read-only after; the config stays as composed. summary.json's `gears`, a
+# checkpoint's `decisions`, which a resumed run repeats (docs/architecture.md, "Components").
 Gears = MappingProxyType
 
 
@@ -216,18 +207,6 @@ class Run(Parts):
     reporter: Reporter  # a trial of a study: each validation told to it, which may prune the run
     sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
     plan: PlanCheck | None  # plan.check=true: the plan, held against what the run measures
-
-    def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """What the build decided and measured, for summary.json beside `summary`'s figures:
-        the MFU at its throughput, the token budget, the batch-size finder's
-        choice and the advice."""
-        return {
-            **self.mfu.summary(summary["samples_per_sec_per_device"]),
-            "max_tokens": max_tokens_of(self.cfg),
-            "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
-            "advice": [finding.as_dict() for finding in self.advice],
-            "plan": self.plan.summary(summary) if self.plan else None,
-        }
 
     def save(self) -> Path | None:
         """Checkpoint the run at its position: every rank writes its shards (state/checkpointer.py)."""
