@@ -194,9 +194,7 @@ def _output_folder_problem(config_name: str, overrides: list[str], multirun: boo
         path = Path(value).absolute()
     except Exception:  # a folder named after values only a running job knows: Hydra decides
         return None
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (path, *path.parents) if p.exists())  # the nearest one there
     if not existing.is_dir():
         return f"{key}={value!r} is not allowed; {existing} is a file, not a folder"
     if not multirun and (pid := run_lock.holder(path)) is not None:

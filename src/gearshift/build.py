@@ -26,12 +26,7 @@ from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets, stream_length
 from gearshift.data.transforms_off import Untransformed, build_transforms, describe_transforms
 from gearshift.engine.failures import TrainingFailed
-from gearshift.engine.optim import (
-    Optimizers,
-    build_optimizers,
-    in_a_presets_place,
-    optimizer_label,
-)
+from gearshift.engine.optim import Optimizers, build_optimizers, in_a_presets_place, optimizer_label
 from gearshift.engine.precision import Precision, amp_name, resolve_amp, resolve_amp_dtype
 from gearshift.engine.runtime import (
     configure_backends,
@@ -52,22 +47,10 @@ from gearshift.parallel.distributed import (
     wrap_model,
 )
 from gearshift.state.best import BestTracker, build_tracker
-from gearshift.state.checkpointer import (
-    Checkpointer,
-    Layout,
-    ModelState,
-    RngState,
-    read_resume,
-)
+from gearshift.state.checkpointer import Checkpointer, Layout, ModelState, RngState, read_resume
 from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
-from gearshift.tasks.metrics import (
-    check_metrics,
-    describe,
-    failing_as,
-    is_scalar,
-    task_name,
-)
+from gearshift.tasks.metrics import check_metrics, describe, failing_as, is_scalar, task_name
 
 if TYPE_CHECKING:  # the optional parts' modules load only where their feature is configured
     from gearshift.batch_finder import BatchSizeChoice
@@ -287,11 +270,7 @@ def distributed_job(cfg: DistributedConfig, device_name: str, run_dir: Path) -> 
 
 
 def build_parts(
-    cfg: DictConfig,
-    ranks: Ranks,
-    strategy: str,
-    device: torch.device,
-    saved: Saved | None = None,
+    cfg: DictConfig, ranks: Ranks, strategy: str, device: torch.device, saved: Saved | None = None
 ) -> Parts:
     """Precision, task, data, device transforms, the model and its average. `saved`: the
     checkpoint a resumed run continues, whose decisions it repeats."""
