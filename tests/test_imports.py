@@ -104,6 +104,7 @@ NOT_CONFIGURED = (
     "gearshift.state.resumed",  # a resumed run, batch_size=auto
     "gearshift.sweep_preflight",  # a command line that sweeps or sets a key of the sweeper's
     "gearshift.config.switches",  # true/false on the command line
+    "gearshift.argv_rewrites",  # true/false on the command line; a rank other than 0
     "gearshift.data_batches",  # no run: the tests' and the scripts' batches
     "gearshift.config.token_targets",  # data=synthetic_tokens, data=tokens, model=gpt, task=lm
     "gearshift.config.disk_targets",  # the sources read from disk

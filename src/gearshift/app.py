@@ -1,16 +1,10 @@
-"""The Hydra task (`train`) and the check of the command line that runs before Hydra's.
-
-`preflight` composes the config the way Hydra will (for a sweep: once per swept value)
-and checks it, so bad input ends with one line naming the key, the value and what is
-allowed, a non-zero exit, and no run folder: Hydra creates that only afterwards.
-"""
+"""The Hydra task (`run_task`) and `preflight`, the check of the command line before Hydra's:
+it composes the config as Hydra will (once per swept value) and checks it, so that bad input
+ends in one line before Hydra creates a run folder (docs/architecture.md, the data flow)."""
 
 from __future__ import annotations
 
-import atexit
-import logging
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -18,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra._internal.utils import get_args_parser
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -33,15 +27,8 @@ from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import CheckpointError
 from gearshift.state.preemption import TrainingStopped
 
-log = logging.getLogger(__name__)
-
 # train.py's `fit(cfg, run_dir, run_name)`: trains, returns a result with the run's summary
 Fit = Callable[[DictConfig, Path, "str | None"], Any]
-
-EXIT_TRAINING_FAILED = 1  # a NaN/inf loss, out of memory: one line says why and what next
-# Hydra flags after which preflight steps aside: they print, or point at other configs.
-_HYDRA_INFO_FLAGS = {"-h", "--help", "--hydra-help", "-i", "--info", "-c", "--cfg", "--version"}
-_HYDRA_CONFIG_FLAGS = {"-cp", "--config-path", "-cd", "--config-dir", "--experimental-rerun"}
 
 
 def run_task(cfg: DictConfig, fit: Fit) -> float:
@@ -66,26 +53,10 @@ def run_task(cfg: DictConfig, fit: Fit) -> float:
             summary = launch_local(fit, cfg, run_dir, run_name)  # the ranks run `fit`
         else:
             summary = fit(cfg, run_dir, run_name).summary
-    except (ConfigError, CheckpointError) as error:
-        if job_rank() in (None, "0"):  # the job's other ranks: rank 0 speaks for it
-            from gearshift.run_endings import remove_empty_run_dir
+    except (ConfigError, CheckpointError, TrainingFailed, TrainingStopped) as error:
+        from gearshift.run_endings import end_run  # a run that does not train to its end
 
-            remove_empty_run_dir(run_dir)
-        _exit(str(error))
-    except TrainingFailed as failed:
-        _note_in_log_file(f"error: {failed}")
-        print(f"error: {failed}", file=sys.stderr)
-        raise SystemExit(EXIT_TRAINING_FAILED) from None
-    except TrainingStopped as stopped:
-        if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for the job
-            from gearshift.run_endings import stop_line
-
-            line = stop_line(stopped, hydra_cfg)
-            _note_in_log_file(line, logging.WARNING)
-            print(line, file=sys.stderr)
-        if stopped.handover is not None:
-            stopped.handover(stopped.signum, None)  # submitit: requeue this SLURM job, then exit
-        raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
+        end_run(error, hydra_cfg, job_rank())
     finally:
         run_lock.release(run_dir)  # the next run of a sweep in this process may be here again
     return objective(summary)
@@ -115,14 +86,6 @@ def default_config_dir() -> Path:
     """./conf when there is one, else the repository's conf/ (the entry points' default)."""
     here = Path.cwd() / "conf"
     return here if (here / "config.yaml").exists() else Path(__file__).resolve().parents[2] / "conf"
-
-
-def _note_in_log_file(message: str, level: int = logging.ERROR) -> None:
-    """`message` in train.log only: the console gets it once, as a plain line."""
-    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
 
 
 def wandb_group(configured: str | None, hydra_cfg: DictConfig) -> str | None:
@@ -157,25 +120,21 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
     true/false given to a switch group become on/off in the command line itself (`argv`,
     else sys.argv), so Hydra composes and records `amp=on`."""
     command_line = sys.argv if argv is None else argv
-    if argv is None:
-        _hydra_output_on_rank_zero_only(sys.argv)
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a.split("=")[0] in _HYDRA_CONFIG_FLAGS for a in argv):
-        return
-    overrides, skip_next = [], False
-    for arg in argv:
-        if skip_next:
-            config_name, skip_next = arg, False
-        elif arg in ("-cn", "--config-name"):
-            skip_next = True
-        elif arg.startswith("--config-name="):
-            config_name = arg.split("=", 1)[1]
-        elif not arg.startswith("-"):
-            overrides.append(arg)
+    if argv is None and (rank := job_rank()) and rank != "0":
+        from gearshift.argv_rewrites import hydra_output_elsewhere  # torchrun's, srun's ranks
+
+        hydra_output_elsewhere(sys.argv, rank)
+    # Hydra's own parser, as @hydra.main reads the command line: its flags, the overrides
+    args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.config_path is not None or args.config_dir is not None or args.experimental_rerun:
+        return  # configs other than conf/'s: Hydra checks them
+    config_name, overrides = args.config_name or config_name, args.overrides
     if any(word in o.lower() for o in overrides for word in ("true", "false")):  # Hydra's booleans
+        from gearshift.argv_rewrites import reword_switches
+
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
-            overrides = _switches_in_words(command_line, overrides)
-    if any(a.split("=")[0] in _HYDRA_INFO_FLAGS for a in argv):
+            overrides = reword_switches(command_line, overrides, job_rank())
+    if args.help or args.hydra_help or args.info or args.cfg:
         return  # Hydra prints: --cfg job amp=true shows amp=on's config
     try:
         variants = _overrides_to_check(overrides)
@@ -202,8 +161,7 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
 
                     line = naming_the_swept(swept, line)
                 _exit(line)
-        multirun = any(a in ("-m", "--multirun") for a in argv)
-        if problem := _output_folder_problem(config_name, overrides, multirun):
+        if problem := _output_folder_problem(config_name, overrides, args.multirun):
             _exit(problem)
     if any(_sweeper_key(o) for o in overrides):
         from gearshift.sweep_preflight import searched_on_hydra_key
@@ -214,25 +172,6 @@ def preflight(config_dir: Path, config_name: str = "config", argv: list[str] | N
         from gearshift.run_endings import print_plan  # plan=on only
 
         print_plan(planned, job_rank())
-
-
-def _switches_in_words(command_line: list[str], overrides: list[str]) -> list[str]:
-    """The overrides with true/false given to a switch group as on/off (config/switches.py),
-    rewritten in `command_line` too: Hydra parses that after preflight."""
-    from gearshift.config.switches import switches_in_words  # true/false given on the line
-
-    search = [o for o in overrides if is_searchpath(o)]  # your folders' options too
-    loader = GlobalHydra.instance().config_loader()
-    try:
-        worded = switches_in_words(
-            overrides, lambda g: loader.get_group_options(g, overrides=search)
-        )
-    except ConfigError as error:
-        _exit(str(error))
-    for given, word in zip(overrides, worded, strict=True):
-        if word != given:
-            command_line[command_line.index(given)] = word
-    return worded
 
 
 def _before_cuda_starts(cfg: DictConfig) -> None:
@@ -255,9 +194,7 @@ def _output_folder_problem(config_name: str, overrides: list[str], multirun: boo
         path = Path(value).absolute()
     except Exception:  # a folder named after values only a running job knows: Hydra decides
         return None
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = next(p for p in (path, *path.parents) if p.exists())  # the nearest one there
     if not existing.is_dir():
         return f"{key}={value!r} is not allowed; {existing} is a file, not a folder"
     if not multirun and (pid := run_lock.holder(path)) is not None:
@@ -275,14 +212,6 @@ def job_rank() -> str | None:
     return os.environ.get("RANK") or (
         os.environ.get("SLURM_PROCID") if int(os.environ.get("SLURM_NTASKS", "1")) > 1 else None
     )
-
-
-def _hydra_output_on_rank_zero_only(argv: list[str]) -> None:
-    rank = job_rank()
-    if rank and rank != "0":
-        scratch = Path(tempfile.gettempdir()) / f"gearshift-rank{rank}-{os.getpid()}"
-        argv += [f"hydra.run.dir={scratch}", "hydra.output_subdir=null", "hydra/job_logging=stdout"]
-        atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # Hydra's empty folder
 
 
 def _exit(message: str) -> None:

@@ -1,13 +1,7 @@
-"""Assemble a run once: every part it trains with, each with the decision that made it.
-
-`build_parts` makes what validating a model needs (precision, task, batches, device
-transforms, the model and its weight average); `build_run` adds what training needs
-(the wrapped forward, the optimizers with their lr schedules, checkpointer, the loop's
-meters, profiler, MFU and, with advise=true, the advisor) and restores a checkpoint into
-them. Every builder decides against this machine once (what `amp=on` means here, how many
-loader workers, whether to compile), and the run's `gears` (summary.json) is the collection
-of those decisions with their reasons.
-"""
+"""Assemble a run once: every part it trains with, each with the decision that made it
+(`build_parts`: what validating a model needs; `build_run`: the rest, and a checkpoint
+restored into them). docs/architecture.md, "Components": each part, its builder and node,
+its state and its gears."""
 
 from __future__ import annotations
 
@@ -32,12 +26,7 @@ from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets, stream_length
 from gearshift.data.transforms_off import Untransformed, build_transforms, describe_transforms
 from gearshift.engine.failures import TrainingFailed
-from gearshift.engine.optim import (
-    Optimizers,
-    build_optimizers,
-    in_a_presets_place,
-    optimizer_label,
-)
+from gearshift.engine.optim import Optimizers, build_optimizers, in_a_presets_place, optimizer_label
 from gearshift.engine.precision import Precision, amp_name, resolve_amp, resolve_amp_dtype
 from gearshift.engine.runtime import (
     configure_backends,
@@ -58,22 +47,10 @@ from gearshift.parallel.distributed import (
     wrap_model,
 )
 from gearshift.state.best import BestTracker, build_tracker
-from gearshift.state.checkpointer import (
-    Checkpointer,
-    Layout,
-    ModelState,
-    RngState,
-    read_resume,
-)
+from gearshift.state.checkpointer import Checkpointer, Layout, ModelState, RngState, read_resume
 from gearshift.state.position import Position
 from gearshift.tasks import Task, build_task
-from gearshift.tasks.metrics import (
-    check_metrics,
-    describe,
-    failing_as,
-    is_scalar,
-    task_name,
-)
+from gearshift.tasks.metrics import check_metrics, describe, failing_as, is_scalar, task_name
 
 if TYPE_CHECKING:  # the optional parts' modules load only where their feature is configured
     from gearshift.batch_finder import BatchSizeChoice
@@ -90,12 +67,9 @@ if TYPE_CHECKING:  # the optional parts' modules load only where their feature i
 log = logging.getLogger(__name__)
 
 
-# What the run decided on this machine, by name, each with its `*_reason` where there was a
-# choice (what `amp=on`, `batch_size=auto`, `dataloader.num_workers=auto` and `compile=auto`
-# came to): made once by the builder, read-only after (a read-only view of a dict, the
-# standard library's). The config stays as composed; this record is what the run trained
-# with: summary.json's `gears`, and a checkpoint's `decisions`, which a resumed run repeats
-# (`amp=on`'s dtype, the batch size `batch_size=auto` found).
+# What the run decided on this machine, by name, each choice with its `*_reason`: made once
+# by the builder, read-only after; the config stays as composed. summary.json's `gears`, a
+# checkpoint's `decisions`, which a resumed run repeats (docs/architecture.md, "Components").
 Gears = MappingProxyType
 
 
@@ -217,18 +191,6 @@ class Run(Parts):
     sampler: Sampler | None  # task.sample_every: text samples at validations (None: off)
     plan: PlanCheck | None  # plan.check=true: the plan, held against what the run measures
 
-    def summary(self, summary: dict[str, Any]) -> dict[str, Any]:
-        """What the build decided and measured, for summary.json beside `summary`'s figures:
-        the MFU at its throughput, the token budget, the batch-size finder's
-        choice and the advice."""
-        return {
-            **self.mfu.summary(summary["samples_per_sec_per_device"]),
-            "max_tokens": max_tokens_of(self.cfg),
-            "batch_size_finder": self.batch_choice.as_dict() if self.batch_choice else None,
-            "advice": [finding.as_dict() for finding in self.advice],
-            "plan": self.plan.summary(summary) if self.plan else None,
-        }
-
     def save(self) -> Path | None:
         """Checkpoint the run at its position: every rank writes its shards (state/checkpointer.py)."""
         return self.checkpointer.save(self.position, check=self.check_finite)
@@ -308,11 +270,7 @@ def distributed_job(cfg: DistributedConfig, device_name: str, run_dir: Path) -> 
 
 
 def build_parts(
-    cfg: DictConfig,
-    ranks: Ranks,
-    strategy: str,
-    device: torch.device,
-    saved: Saved | None = None,
+    cfg: DictConfig, ranks: Ranks, strategy: str, device: torch.device, saved: Saved | None = None
 ) -> Parts:
     """Precision, task, data, device transforms, the model and its average. `saved`: the
     checkpoint a resumed run continues, whose decisions it repeats."""

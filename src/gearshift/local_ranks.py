@@ -44,7 +44,7 @@ from gearshift.state.preemption import TrainingStopped
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 # A rank's exit code for unusable input (run_endings.EXIT_BAD_CONFIG): rank 0 wrote why in its note.
 EXIT_BAD_INPUT = 2
-EXIT_TRAINING_FAILED = 1  # app.EXIT_TRAINING_FAILED: rank 0 wrote why in its note
+EXIT_TRAINING_FAILED = 1  # run_endings.EXIT_TRAINING_FAILED: rank 0 wrote why in its note
 
 
 def launch_local(

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from gearshift.build import Run, max_tokens_of
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers
 from gearshift.observe.loss_watch import NONE
@@ -18,7 +19,6 @@ from gearshift.observe.throughput import Interval, memory_metrics, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
 
 if TYPE_CHECKING:
-    from gearshift.build import Run
     from gearshift.observe.logger_backend import NullLogger
     from gearshift.validation import Validation
 
@@ -91,9 +91,13 @@ def summarize(
         from gearshift.observe.token_rates import token_summary
 
         summary |= token_summary(summary, run.task.tokens_per_sample)
-    ema = run.ema
-    summary |= {
-        **run.summary(summary),  # the build's: MFU, budget, batch size, advice
+    ema, choice = run.ema, run.batch_choice
+    summary |= {  # the build's decisions and measures, then the loop's outcome
+        **run.mfu.summary(summary["samples_per_sec_per_device"]),
+        "max_tokens": max_tokens_of(run.cfg),
+        "batch_size_finder": choice.as_dict() if choice else None,
+        "advice": [finding.as_dict() for finding in run.advice],
+        "plan": run.plan.summary(summary) if run.plan else None,
         "stop_reason": validation.stop_reason,
         "best": run.best.summary(run.checkpointer.best_path),
         "ema": None if ema is None else {"decay": ema.decay, **validation.ema_values},

@@ -1,7 +1,8 @@
 """How run_task and preflight end a run that does not train to its end, beside its one
 line: a refused command line's `error:` line and exit 2 (Hydra's and OmegaConf's errors in
-one line), plan=on's plan and exit 0, a stopped run's line naming the command that resumes
-it, and a run refused before its first step leaving no run folder behind. Loaded only then.
+one line), plan=on's plan and exit 0, a failed run's line and exit 1, a stopped run's line
+naming the command that resumes it, and a run refused before its first step leaving no run
+folder behind. Loaded only then.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.types import IntervalSweep, Override
@@ -22,15 +23,52 @@ from omegaconf import DictConfig
 
 from gearshift.config import ConfigError
 from gearshift.config.rules import is_searchpath
+from gearshift.engine.failures import TrainingFailed
 from gearshift.state import run_lock
 from gearshift.state.preemption import TrainingStopped
 
 EXIT_BAD_CONFIG = 2
+EXIT_TRAINING_FAILED = 1  # a NaN/inf loss, out of memory: one line says why and what next
 # Set by `python -m gearshift.torchrun`: rank 0 writes its one line there for the launcher
 ERROR_NOTE = "GEARSHIFT_ERROR_NOTE"
+log = logging.getLogger("gearshift.app")  # run_task's: train.log names the task that ended
 
 
-def refuse(message: str, rank: str | None) -> None:
+def end_run(error: Exception, hydra_cfg: DictConfig, rank: str | None) -> NoReturn:
+    """run_task's end of a run that does not train to its end, in one line and its exit code:
+    a stop (the shell's code for the signal), a failure (1), unusable input found once the
+    run began, a ConfigError or CheckpointError (2, and no run folder left behind)."""
+    if isinstance(error, TrainingStopped):
+        stop(error, hydra_cfg)
+    if isinstance(error, TrainingFailed):
+        _note_in_log_file(f"error: {error}")
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(EXIT_TRAINING_FAILED) from None
+    if rank in (None, "0"):  # the job's other ranks: rank 0 speaks for it
+        remove_empty_run_dir(Path(hydra_cfg.runtime.output_dir))
+    refuse(str(error), rank)
+
+
+def stop(stopped: TrainingStopped, hydra_cfg: DictConfig) -> NoReturn:
+    """A stopped run's line (rank 0's), a SLURM job handed back to submitit, the exit code."""
+    if os.environ.get("RANK", "0") == "0":  # rank 0 speaks for the job
+        line = stop_line(stopped, hydra_cfg)
+        _note_in_log_file(line, logging.WARNING)
+        print(line, file=sys.stderr)
+    if stopped.handover is not None:
+        stopped.handover(stopped.signum, None)  # submitit: requeue this SLURM job, then exit
+    raise SystemExit(128 + stopped.signum) from None  # the shell's code for "killed by"
+
+
+def _note_in_log_file(message: str, level: int = logging.ERROR) -> None:
+    """`message` in train.log only: the console gets it once, as a plain line."""
+    record = log.makeRecord(log.name, level, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def refuse(message: str, rank: str | None) -> NoReturn:
     """One `error:` line and exit 2; in a job of several ranks (`rank`: app.job_rank), rank
     0's line only (under gearshift.torchrun written for the launcher, which prints it once
     the ranks are done)."""

@@ -1,6 +1,5 @@
-"""Validation as train.py's loop calls it: the task's metrics of the model (and of its
-weight average) logged, the best checkpoint kept, early stopping and a study's pruner told,
-text samples drawn. It keeps the last values, which the summary reports."""
+"""Validation as train.py's loop calls it (docs/architecture.md, "Components"): the metrics,
+best/, early stopping, a study's pruner, text samples; the last values, for the summary."""
 
 from __future__ import annotations
 
