@@ -19,7 +19,7 @@ from gearshift.observe.logger_backend import NullLogger
 
 
 class Loggers(NullLogger):
-    """Every selected backend gets every call."""
+    """Every selected backend gets every call (several selected)."""
 
     def __init__(self, backends: list[NullLogger]) -> None:
         self.backends = backends
@@ -71,7 +71,9 @@ def build_logger(
         from gearshift.observe.csv_logger import CsvLogger
 
         backends.append(CsvLogger(run_dir / "metrics.csv", start_step))
-    return Loggers(backends)
+    if not backends:
+        return NullLogger()
+    return backends[0] if len(backends) == 1 else Loggers(backends)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

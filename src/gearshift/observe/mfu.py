@@ -1,23 +1,7 @@
-"""Model FLOPs utilisation: how close the run comes to the device's peak arithmetic rate.
-
-FLOPs per sample are counted once, at start-up, with torch's FlopCounterMode over the
-forward and backward pass of the task's two-sample example batch (divided by two). It counts the model's
-matmuls and convolutions as dispatched, in the run's dtype and layout; recomputation by
-activation checkpointing is left out (MFU counts the model's FLOPs, not the hardware's).
-
-The peak is the device's dense rate for the dtype the matmuls run in: on NVIDIA GPUs from
-the vendor's datasheet (gpu_datasheets.py; dense figures: the "with sparsity" ones are twice
-these), on a CPU
-a float matmul measured at start-up. `achieved = flops_per_sample * samples/s` per device,
-`mfu = achieved / peak`; at log steps it comes from the interval's samples/s (no extra sync).
-A CPU's peak is timed once: a machine busier then than during the steps gives an MFU above
-1, which the summary reports as it is, with `peak_flops_beaten` true.
-
-A transformer that states its own analytical count (a `flops_per_token(time)` method) is
-measured by that count (analytic_flops.py). FlopCounterMode has no formula for the CPU's
-flash-attention kernels; the CUDA ones' formulas are lent to them here, so attention counts
-on both devices.
-"""
+"""Model FLOPs utilisation: FLOPs per sample, counted once at start-up (FlopCounterMode over
+the example batch's forward and backward) or a transformer's own count (analytic_flops.py),
+against the device's peak for the dtype the matmuls run in (docs/observing.md: the
+summary's `flops_*`, `peak_flops_*` and `mfu`; `perf/mfu` at log steps, no extra sync)."""
 
 from __future__ import annotations
 
@@ -43,6 +27,8 @@ log = logging.getLogger(__name__)
 _aten = torch.ops.aten
 
 
+# FlopCounterMode has no formula for the CPU's flash-attention kernels: the CUDA ones' are
+# lent to them, so attention counts on both devices.
 def _as_counted(flash_op) -> Callable[..., int]:
     """The registered formula of a CUDA flash-attention op, for a CPU op of the same maths."""
     # the registered formula takes tensors already (shape-wrapped when registered)

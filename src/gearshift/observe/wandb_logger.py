@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from gearshift.config.schema import LoggerConfig
-from gearshift.observe.guarded_backend import Backend
+from gearshift.observe.logger_backend import Backend
 
 log = logging.getLogger(__name__)
 
