@@ -1,10 +1,5 @@
-"""Where metrics go besides the console: W&B, TensorBoard, a CSV file, and summary.json.
-
-`logger=` selects the backends, one or several (`logger=[wandb,csv]`); each gets the same
-metrics under the same names (train/loss, perf/samples_per_sec, val/..., mem/...) at the
-same steps. W&B is online when an API key is configured and offline into the run folder
-otherwise (`wandb sync` uploads it later). A backend's failure, at start or mid-run, is
-logged once as a warning and training goes on without that backend.
+"""Where metrics go besides the console (docs/observing.md, "Loggers"): the backends
+`logger=` selects, one or several, each loaded only then, and summary.json's atomic write.
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from gearshift.observe.logger_backend import NullLogger
 
 
 class Loggers(NullLogger):
-    """Every selected backend gets every call (several selected)."""
+    """Every selected backend gets every call."""
 
     def __init__(self, backends: list[NullLogger]) -> None:
         self.backends = backends
@@ -71,9 +66,7 @@ def build_logger(
         from gearshift.observe.csv_logger import CsvLogger
 
         backends.append(CsvLogger(run_dir / "metrics.csv", start_step))
-    if not backends:
-        return NullLogger()
-    return backends[0] if len(backends) == 1 else Loggers(backends)
+    return Loggers(backends)
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
