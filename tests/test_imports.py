@@ -91,6 +91,7 @@ NOT_CONFIGURED = (
     "gearshift.config.unknown_keys",  # a command line that fails
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv
+    "gearshift.observe.several_loggers",  # logger= with several backends: logger=[wandb,csv]
     "gearshift.engine.cpu_probe",  # amp=on on a CPU
     "gearshift.observe.gpu_datasheets",  # CUDA, plan=on
     "gearshift.observe.nonfinite",  # a NaN/inf loss or weights

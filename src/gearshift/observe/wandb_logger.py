@@ -78,15 +78,8 @@ class WandbLogger(Backend):
     def log_file(self, path: Path, name: str, kind: str) -> None:
         if self.mode != "online":  # offline, the file is in the run folder already
             return
-
-        def upload() -> None:
-            import wandb
-
-            artifact = wandb.Artifact(name, type=kind)
-            artifact.add_file(str(path))
-            self.run.log_artifact(artifact)
-
-        self._guarded("artifact", upload)
+        # an artifact of `name` holding the file
+        self._guarded("artifact", lambda: self.run.log_artifact(str(path), name=name, type=kind))
 
     def close(self, summary: dict[str, Any] | None) -> None:
         self.run.summary.update(summary or {})
