@@ -65,6 +65,7 @@ NOT_CONFIGURED = (
     "gearshift.data.gpu_decode",  # data.decode=gpu
     "gearshift.data.decode",  # the image sources
     "gearshift.data.streams",  # IterableDataset sources
+    "gearshift.data.named_fields",  # samples that are not pairs: dicts of named fields
     "gearshift.local_ranks",  # distributed.nproc_per_node > 1
     "gearshift.models.recompute",  # model.checkpointing=true
     "gearshift.data.staging",  # data.stage_to

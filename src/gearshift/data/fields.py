@@ -59,26 +59,12 @@ class FieldReader:
             self._check_input_shape(sample)
 
     def _read(self, sample: Any) -> None:
-        if isinstance(sample, Mapping):
-            try:
-                self.task.split(sample)
-            except ConfigError:
-                if not self.chosen:
-                    raise ConfigError(self.task.unreadable(sample)) from None
-                got = ", ".join(map(str, sample)) or "none"
-                raise ConfigError(
-                    f"data.fields={self.chosen} is not allowed; the samples' fields are {got}; "
-                    f"expected {self.task.wanted()}"
-                ) from None
-        elif not (
-            isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) == 2
-        ):
-            raise ConfigError(
-                f"data._target_: a sample is a {type(sample).__name__}; expected an "
-                "(inputs, targets) pair or a dict of named fields (data.fields)"
-            )
-        else:
+        if isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) == 2:
             self.task.split(default_collate([sample]))  # a pair reads as it is
+        else:  # a dict of fields, or a sample of another kind
+            from gearshift.data.named_fields import read_named_fields
+
+            read_named_fields(self.task, self.chosen, sample)
 
     def _check_input_shape(self, sample: Any) -> None:
         """One line when `task.input_shape` is not the shape of `sample`'s inputs: the

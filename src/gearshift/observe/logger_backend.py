@@ -1,7 +1,5 @@
 """The logger interface (`NullLogger`) and what every backend shares (`Backend`: its first
-failure is one warning). Each backend has its own module (wandb_logger.py,
-tensorboard_logger.py, csv_logger.py), imported only by a run whose `logger=` names it
-(loggers.py `build_logger`).
+failure is one warning). Each backend's module loads only where `logger=` names it.
 """
 
 from __future__ import annotations
