@@ -1,9 +1,8 @@
-"""The first sample against the task, before any work: read as the task's `split` reads it
-(a pair as it is, a dict by the names `data.fields` gives, else the task's own), and its
-inputs against `task.input_shape`, so a sample the task cannot read is one line, not a
-traceback from the model (docs/make-it-yours.md: samples, a source without images). A
-source that reads named columns itself (`data=hf`) is given the same names
-(`FieldReader.names`), so one key, `data.fields`, maps both.
+"""The first sample against the task, before any work (docs/make-it-yours.md: samples, a
+source without images): read as the task's `split` reads it (a pair as it is; a dict by the
+names `data.fields` gives, else the task's own: named_fields.py), its inputs against
+`task.input_shape`. A source that reads named columns itself (`data=hf`) is given the same
+names (`FieldReader.names`), so one key, `data.fields`, maps both.
 """
 
 from __future__ import annotations
@@ -47,36 +46,31 @@ class FieldReader:
         }
 
     def check(self, dataset: Any, task_cfg: Any = ()) -> None:
-        """Read the first sample of `dataset` as the task's `split` would, then its inputs'
-        shape against `task.input_shape` where the task's node (`task_cfg`) has that key: a
-        sample it cannot read ends the run before it starts, in one line."""
+        """Read the first sample of `dataset` as the task's `split` would (a task that names
+        no fields reads its batches itself: nothing to read), then its inputs' shape against
+        `task.input_shape` where the task's node (`task_cfg`) has that key: a sample it
+        cannot read ends the run before it starts, in one line."""
         sample = first_sample(dataset)
         if sample is None:
             return
-        if self.reads_fields:  # else the task reads its batches itself: nothing to read here
-            self._read(sample)
-        if "input_shape" in task_cfg:
-            self._check_input_shape(sample)
-
-    def _read(self, sample: Any) -> None:
-        if isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) == 2:
-            self.task.split(default_collate([sample]))  # a pair reads as it is
-        else:  # a dict of fields, or a sample of another kind
+        pair = isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) == 2
+        if self.reads_fields and not pair:  # a dict of named fields, or a sample of another kind
             from gearshift.data.named_fields import read_named_fields
 
             read_named_fields(self.task, self.chosen, sample)
+        elif self.reads_fields:
+            self.task.split(default_collate([sample]))  # a pair reads as it is
+        if (pair or self.reads_fields) and "input_shape" in task_cfg:
+            self._check_input_shape(self.task.split(default_collate([sample]))[0])
 
-    def _check_input_shape(self, sample: Any) -> None:
-        """One line when `task.input_shape` is not the shape of `sample`'s inputs: the
-        example batch built from it (for batch_size=auto and the FLOP count) would otherwise
-        meet the model first, and a non-image source under the default task ends in a
-        matmul traceback."""
+    def _check_input_shape(self, inputs: Any) -> None:
+        """One line when `task.input_shape` is not the shape of the first sample's `inputs`:
+        the example batch built from it (for batch_size=auto and the FLOP count) would
+        otherwise meet the model first, and a non-image source under the default task ends
+        in a matmul traceback."""
         wanted = getattr(self.task, "input_shape", None)
-        batch = default_collate([sample])
-        pair = isinstance(batch, (tuple, list)) and len(batch) == 2
-        if wanted is None or not (pair or self.reads_fields):
-            return  # a task of one's own that makes its example batch or reads batches itself
-        inputs, _ = self.task.split(batch)
+        if wanted is None:
+            return  # a task of one's own that makes its example batch another way
         images_or_values = isinstance(inputs, torch.Tensor) and (
             inputs.is_floating_point() or inputs.dtype == torch.uint8
         )

@@ -1,8 +1,7 @@
-"""The data seam: any source that builds datasets (map-style, or streams:
-data/streams.py), chosen by the data node's `_target_`: a callable that takes the node's
-other keys and returns `(train, validation or None)`. gearshift's keys of the node
-(`data.on_device`, `data.stage_to`, `data.fields`) are not passed on as they are
-(docs/make-it-yours.md, "gearshift's keys of the data node").
+"""The data seam (docs/make-it-yours.md, "gearshift's keys of the data node"): a source,
+chosen by `data._target_`, takes the node's other keys and returns `(train, validation or
+None)`, map-style or streams (data/streams.py); gearshift's keys (`data.on_device`,
+`data.stage_to`, `data.fields`) are not passed on as they are.
 """
 
 from __future__ import annotations

@@ -86,9 +86,8 @@ def peak_flops(device: torch.device, dtype: str, matmul_precision: str) -> tuple
 
         return gpu_peak(torch.cuda.get_device_name(device), dtype)
     if device.type == "cpu":
-        torch_dtype = torch.float32 if dtype == "float32" else getattr(torch, dtype)
         threads = torch.get_num_threads()
-        peak, n = cpu_matmul_peak(torch_dtype, matmul_precision, threads)
+        peak, n = cpu_matmul_peak(getattr(torch, dtype), matmul_precision, threads)
         return peak, f"measured: {dtype} matmul {n}x{n} on {threads} CPU threads"
     return None, f"no peak known for device type {device.type!r}"
 
@@ -183,9 +182,8 @@ class MFU:
         return {} if mfu is None else {"perf/mfu": mfu}
 
     def summary(self, samples_per_sec_per_device: float) -> dict[str, Any]:
-        """The figures at the run's throughput. MFU is never clamped: a run that beat the
-        peak says so (`peak_flops_beaten`), as a CPU run does whose start-up probe timed
-        its matmuls while the machine was busier than during the steps."""
+        """The figures at the run's throughput; MFU is never clamped (docs/observing.md,
+        `peak_flops_beaten`: a CPU's start-up probe may run while the machine is busier)."""
         achieved = self.flops_per_sample * samples_per_sec_per_device
         peak, mfu = self.peak_flops_per_sec, self.of(samples_per_sec_per_device)
         return {

@@ -1,7 +1,6 @@
 """Distributed gears (docs/gears.md tip 18): DDP done right, DataParallel and FSDP to compare.
-
-Where the ranks come from and which backend they use: docs/distributed.md. The process
-group (process_group.py) and the wraps (wrappers.py) load with several ranks only.
+Where the ranks come from, and their backend: docs/distributed.md. The process group
+(process_group.py) and the wraps (wrappers.py) load with several ranks only.
 """
 
 from __future__ import annotations
