@@ -99,8 +99,7 @@ class LossWatch:
         }
 
     def metrics(self) -> dict[str, int]:
-        """What a log step reports beside the losses: nothing here (loss_skip.py: the steps
-        skipped)."""
+        """What a log step reports beside the losses: none here (loss_skip.py: steps skipped)."""
         return {}
 
     def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:

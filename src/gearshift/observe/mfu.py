@@ -27,10 +27,9 @@ log = logging.getLogger(__name__)
 _aten = torch.ops.aten
 
 
-# FlopCounterMode has no formula for the CPU's flash-attention kernels: the CUDA ones' are
-# lent to them, so attention counts on both devices.
 def _as_counted(flash_op) -> Callable[..., int]:
-    """The registered formula of a CUDA flash-attention op, for a CPU op of the same maths."""
+    """A CUDA flash-attention op's registered formula, lent to the CPU op of the same maths:
+    FlopCounterMode has none for the CPU's kernels, so attention counts on both devices."""
     # the registered formula takes tensors already (shape-wrapped when registered)
     count = partial(flop_registry[flash_op])
     count._get_raw = True  # FlopCounterMode: do not wrap it a second time
