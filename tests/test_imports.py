@@ -65,6 +65,7 @@ NOT_CONFIGURED = (
     "gearshift.data.gpu_decode",  # data.decode=gpu
     "gearshift.data.decode",  # the image sources
     "gearshift.data.streams",  # IterableDataset sources
+    "gearshift.data.named_fields",  # samples that are not pairs: dicts of named fields
     "gearshift.local_ranks",  # distributed.nproc_per_node > 1
     "gearshift.models.recompute",  # model.checkpointing=true
     "gearshift.data.staging",  # data.stage_to
@@ -91,6 +92,7 @@ NOT_CONFIGURED = (
     "gearshift.config.unknown_keys",  # a command line that fails
     "gearshift.observe.tensorboard_logger",  # logger=tensorboard
     "gearshift.observe.csv_logger",  # logger=csv
+    "gearshift.observe.several_loggers",  # logger= with several backends: logger=[wandb,csv]
     "gearshift.engine.cpu_probe",  # amp=on on a CPU
     "gearshift.observe.gpu_datasheets",  # CUDA, plan=on
     "gearshift.observe.nonfinite",  # a NaN/inf loss or weights

@@ -22,7 +22,6 @@ from torch import nn
 from gearshift.config.schema import DistributedConfig
 from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
-from gearshift.data.sample_shape import check_input_shape
 from gearshift.data.sources import build_datasets, stream_length
 from gearshift.data.transforms_off import Untransformed, build_transforms, describe_transforms
 from gearshift.engine.failures import TrainingFailed
@@ -285,8 +284,7 @@ def build_parts(
     task = build_task(cfg.task)
     read = FieldReader(task, cfg.data.get("fields"))  # dict samples: the fields `split` reads
     train_set, val_set = build_datasets(cfg.data, device, read.names())  # tips 1, 4, 6
-    read.check(train_set)  # a sample the task cannot read: one line, before any work
-    check_input_shape(cfg.task, task, read, train_set)  # and inputs of another shape
+    read.check(train_set, cfg.task)  # unreadable samples, inputs of another shape: one line
     batch_choice = None
     if cfg.batch_size == "auto":  # tip 10: batch_size=auto fills the memory
         from gearshift.batch_finder import resolve_batch_size

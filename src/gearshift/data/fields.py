@@ -1,20 +1,8 @@
-"""`data.fields`: which fields of dict samples a task reads by name, checked up front.
-
-A source's samples may be `(inputs, targets)` pairs (tensors or nested tuples, lists and
-dicts of them), or dicts of named fields, as Hugging Face datasets and many users' own
-give them. The DataLoader collates either kind as it is (a dict of samples becomes a dict
-of batched tensors), and the task receives the batch whole: every field of it, on the
-device. A task of your own reads what it needs (`batch["weight"]`); the built-in tasks
-read a pair, or a dict by field names (`Task.split`):
-
-- `data.fields.inputs` / `data.fields.targets` name the fields (optional keys of the data
-  node, never passed to the source);
-- without them, the task's own `input_fields` / `target_fields` (Task class attributes)
-  are tried in order: `image`/`pixel_values` + `label` for the image tasks, `input_ids`
-  (+ `labels`) for `task=lm`.
-
-A source that reads named columns itself (`data=hf`: which column to decode as images) is
-given the same names (`FieldReader.names`), so one key, `data.fields`, maps both.
+"""The first sample against the task, before any work (docs/make-it-yours.md: samples, a
+source without images): read as the task's `split` reads it (a pair as it is; a dict by the
+names `data.fields` gives, else the task's own: named_fields.py), its inputs against
+`task.input_shape`. A source that reads named columns itself (`data=hf`) is given the same
+names (`FieldReader.names`), so one key, `data.fields`, maps both.
 """
 
 from __future__ import annotations
@@ -57,33 +45,44 @@ class FieldReader:
             "targets": self.chosen.get("targets") or self.task.target_fields,
         }
 
-    def check(self, dataset: Any) -> None:
-        """Read the first sample of `dataset` as the task's `split` would: a sample it
-        cannot read ends the run before it starts, in one line. A task that names no
-        fields reads its batches itself: nothing to check."""
+    def check(self, dataset: Any, task_cfg: Any = ()) -> None:
+        """Read the first sample of `dataset` as the task's `split` would (a task that names
+        no fields reads its batches itself: nothing to read), then its inputs' shape against
+        `task.input_shape` where the task's node (`task_cfg`) has that key: a sample it
+        cannot read ends the run before it starts, in one line."""
         sample = first_sample(dataset)
-        if sample is None or not self.reads_fields:
+        if sample is None:
             return
-        if isinstance(sample, Mapping):
-            try:
-                self.task.split(sample)
-            except ConfigError:
-                if not self.chosen:
-                    raise ConfigError(self.task.unreadable(sample)) from None
-                got = ", ".join(map(str, sample)) or "none"
-                raise ConfigError(
-                    f"data.fields={self.chosen} is not allowed; the samples' fields are {got}; "
-                    f"expected {self.task.wanted()}"
-                ) from None
-        elif not (
-            isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) == 2
-        ):
-            raise ConfigError(
-                f"data._target_: a sample is a {type(sample).__name__}; expected an "
-                "(inputs, targets) pair or a dict of named fields (data.fields)"
-            )
-        else:
+        pair = isinstance(sample, Sequence) and not isinstance(sample, str) and len(sample) == 2
+        if self.reads_fields and not pair:  # a dict of named fields, or a sample of another kind
+            from gearshift.data.named_fields import read_named_fields
+
+            read_named_fields(self.task, self.chosen, sample)
+        elif self.reads_fields:
             self.task.split(default_collate([sample]))  # a pair reads as it is
+        if (pair or self.reads_fields) and "input_shape" in task_cfg:
+            self._check_input_shape(self.task.split(default_collate([sample]))[0])
+
+    def _check_input_shape(self, inputs: Any) -> None:
+        """One line when `task.input_shape` is not the shape of the first sample's `inputs`:
+        the example batch built from it (for batch_size=auto and the FLOP count) would
+        otherwise meet the model first, and a non-image source under the default task ends
+        in a matmul traceback."""
+        wanted = getattr(self.task, "input_shape", None)
+        if wanted is None:
+            return  # a task of one's own that makes its example batch another way
+        images_or_values = isinstance(inputs, torch.Tensor) and (
+            inputs.is_floating_point() or inputs.dtype == torch.uint8
+        )
+        if not images_or_values:
+            return  # token ids, encoded bytes (data.decode=gpu): not the model's input yet
+        shape = list(inputs.shape[1:])
+        if shape != list(wanted):
+            raise ConfigError(
+                f"task.input_shape={list(wanted)} is not allowed; the samples' inputs are "
+                f"shaped {shape}: set task.input_shape={shape} (the default follows the image "
+                "keys data.channels and data.image_size, which a source without images lacks)"
+            )
 
 
 def first_sample(dataset: Any) -> Any:

@@ -1,12 +1,10 @@
 """The loaders that feed any source's datasets (docs/gears.md: tip 2 workers,
 tip 3 pinned memory, tip 4 tensors on the device, tip 6 from_numpy, tip 7 non-blocking copies).
 
-Every source yields `(inputs, targets)` samples. On the host they are served by a
-DataLoader with the `dataloader` group's gears (host_loader.py, loaded for those sources);
-a source made on the device (`data.on_device=true`) is served as index slices of its
-tensors (tip 4: no loader, no copies). Either way the order is a function of (seed, epoch)
-(loading_base.py `epoch_order`), each rank takes its own share, and an epoch can start at
-any batch, so a resumed run continues exactly.
+A source made on the device (`data.on_device=true`) is served as index slices of its
+tensors (tip 4: no loader, no copies); any other by a DataLoader (host_loader.py, loaded
+then). Either way the order is a function of (seed, epoch) alone (loading_base.py
+`epoch_order`), so a resumed run continues exactly.
 """
 
 from __future__ import annotations

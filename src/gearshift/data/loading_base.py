@@ -1,6 +1,5 @@
-"""What the two ways of serving a source's batches share (loading.py: slices of tensors on
-the device; host_loader.py: a DataLoader on the host): the order of an epoch's samples and
-the batches it makes, and the loader gears as resolved for the run.
+"""What loading.py (slices of tensors on the device) and host_loader.py (a DataLoader on the
+host) share: the order of an epoch's samples, the batches it makes, the loader gears.
 """
 
 from __future__ import annotations

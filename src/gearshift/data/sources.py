@@ -1,20 +1,7 @@
-"""The data seam: any source that builds datasets (map-style, or streams:
-data/streams.py), chosen by the data node's `_target_`.
-
-A source is a callable that takes the data node's other keys as keyword arguments and
-returns `(train dataset, validation dataset or None)` (a lone dataset means no
-validation). The built-in ones (`data=synthetic`, `imagefolder`, `cifar10`,
-`synthetic_regression`) are ordinary sources; yours plugs in with
-`data._target_=mypackage.my_source`. Three keys are gearshift's, not the source's:
-
-- `data.on_device`: the source gets `device=` and makes its tensors there (docs/gears.md tip 4);
-  it must take a `device` argument and return `TensorPairs`.
-- `data.stage_to`: copy the dataset to fast local disk first (tip 1). A source that takes
-  `stage_to` stages what it reads itself; for any other, the folder `data.path` is staged
-  and the source gets the staged copy's path.
-- `data.fields`: `{inputs: NAME, targets: NAME}`, the fields of dict samples the task
-  reads (data/fields.py); without it, the task's own field names. A source that takes
-  `fields` (`data=hf`: its columns) gets those names.
+"""The data seam (docs/make-it-yours.md, "gearshift's keys of the data node"): a source,
+chosen by `data._target_`, takes the node's other keys and returns `(train, validation or
+None)`, map-style or streams (data/streams.py); gearshift's keys (`data.on_device`,
+`data.stage_to`, `data.fields`) are not passed on as they are.
 """
 
 from __future__ import annotations

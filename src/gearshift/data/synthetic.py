@@ -1,10 +1,8 @@
 """Built-in sources that need no files: learnable synthetic data, made where it is used.
 
-`data=synthetic` draws images around one random pattern per class, so a model can learn it
-(synthetic_regression.py: `data=synthetic_regression`). With `data.on_device=true` the
-build passes the training device and the whole set is generated there (docs/gears.md tip 4:
-no loader, no copies); otherwise it is an ordinary map-style dataset on the host, served by
-a DataLoader like real data, so the data-loader gears have something to act on."""
+`data=synthetic` draws images around one random pattern per class, so a model can learn it;
+with `data.on_device=true` the whole set is made on the device (docs/gears.md tip 4), else
+it is a map-style dataset a DataLoader serves like real data."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Which device transforms a run applies (`run.transforms`), and `device_transforms=off`'s.
-
-`build_transforms` gives DeviceTransforms (device_transforms.py, loaded then) when the
-`device_transforms` group or the source's own stage (`source_transforms`) switches any on;
-else `Untransformed`, which hands each batch back as it is, so a run without device
-transforms does not load them. Images that still arrive as bytes (uint8, from a source of
-one's own) become floats in [0, 1] as DeviceTransforms makes them: the one case it loads
-DeviceTransforms for.
+"""Which device transforms a run applies (`run.transforms`), and `device_transforms=off`'s
+(docs/gears.md, "+ Device transforms"): DeviceTransforms (device_transforms.py) loads
+only where the group or the source's own stage switches any on, or images arrive as bytes.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,12 +16,7 @@ def __getattr__(name: str) -> object:
     """`gearshift.models.GPT` (model=gpt's `_target_`), `MLP` and `SimpleCNN` (model=mlp's,
     model=simple_cnn's) load their module when first asked for (PEP 562): a run of another
     model does not import it."""
-    if name == "GPT":
-        from gearshift.models.gpt import GPT
-
-        return GPT
-    if name in ("MLP", "SimpleCNN"):
-        from gearshift.models import small
-
-        return getattr(small, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = {"GPT": "gpt", "MLP": "small", "SimpleCNN": "small"}.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,10 +1,7 @@
-"""A model's blocks: the units activation checkpointing recomputes and FSDP shards one by one.
-
-The convention: the blocks are the children of the model's outermost nn.Sequential
-containers that hold composite modules. That covers the GPT's `blocks` (models/gpt.py),
-ResNet's layerN BasicBlocks/Bottlenecks and torchvision ViT's encoder layers; a model of
-your own opts in by keeping its repeated layers in an nn.Sequential. A model made of flat
-Sequentials only (`mlp`, `simple_cnn`) has no blocks.
+"""A model's blocks: the units activation checkpointing recomputes and FSDP shards one by one
+(docs/gears.md, tip 18, "FSDP per block": the children of the model's outermost
+nn.Sequential containers that hold composite modules). A model of your own opts in by
+keeping its repeated layers in an nn.Sequential.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Building the model from its config node, and the model gears.
-
-Where the model gears act (docs/gears.md): memory format (tip 16), torch.compile (tip 8) and
-activation checkpointing (`model.checkpointing`, see recompute.py).
+"""Building the model from its config node, and the model gears (docs/gears.md): memory
+format (tip 16), torch.compile (tip 8), activation checkpointing (recompute.py).
 """
 
 from __future__ import annotations

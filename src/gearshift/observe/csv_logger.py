@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gearshift.observe.guarded_backend import Backend
+from gearshift.observe.logger_backend import Backend
 
 CSV_COLUMNS = ("step", "name", "value")
 

@@ -1,12 +1,15 @@
-"""The logger interface (`NullLogger`). Each backend has its own module (wandb_logger.py,
-tensorboard_logger.py, csv_logger.py), imported only by a run whose `logger=` names it
-(loggers.py `build_logger`), on what they share (guarded_backend.py `Backend`).
+"""The logger interface (`NullLogger`) and what every backend shares (`Backend`: its first
+failure is one warning). Each backend's module loads only where `logger=` names it.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 class NullLogger:
@@ -26,3 +29,34 @@ class NullLogger:
 
     def log_text(self, key: str, texts: list[str], step: int) -> None:
         """Texts of one step (task=lm's samples), each backend in its own form."""
+
+
+class Backend(NullLogger):
+    """One backend. Its first failure, at start or later, is one warning and turns it off
+    for the rest of the run: a logger never ends a run."""
+
+    label = "logger"
+
+    def __init__(self, start: Callable[[], None]) -> None:
+        self.on = True
+        try:
+            start()
+        except Exception as error:
+            log.warning("%s is off for this run: %s", self.label, error)
+            self.on = False
+
+    def _guarded(self, action: str, fn: Callable[[], None]) -> None:
+        if not self.on:
+            return
+        try:
+            fn()
+        except Exception as error:
+            log.warning("%s %s failed, going on without it: %s", self.label, action, error)
+            self.on = False
+
+    def finish(self, summary: dict[str, Any] | None = None) -> None:
+        self._guarded("finish", lambda: self.close(summary))
+        self.on = False
+
+    def close(self, summary: dict[str, Any] | None) -> None:
+        pass

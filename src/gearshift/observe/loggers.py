@@ -1,10 +1,5 @@
-"""Where metrics go besides the console: W&B, TensorBoard, a CSV file, and summary.json.
-
-`logger=` selects the backends, one or several (`logger=[wandb,csv]`); each gets the same
-metrics under the same names (train/loss, perf/samples_per_sec, val/..., mem/...) at the
-same steps. W&B is online when an API key is configured and offline into the run folder
-otherwise (`wandb sync` uploads it later). A backend's failure, at start or mid-run, is
-logged once as a warning and training goes on without that backend.
+"""Where metrics go besides the console (docs/observing.md, "Loggers"): the backends
+`logger=` selects, one or several, each loaded only then, and summary.json's atomic write.
 """
 
 from __future__ import annotations
@@ -16,33 +11,6 @@ from typing import Any
 
 from gearshift.config.schema import LoggerConfig
 from gearshift.observe.logger_backend import NullLogger
-
-
-class Loggers(NullLogger):
-    """Every selected backend gets every call."""
-
-    def __init__(self, backends: list[NullLogger]) -> None:
-        self.backends = backends
-
-    def log(self, metrics: dict[str, float], step: int) -> None:
-        for backend in self.backends:
-            backend.log(metrics, step)
-
-    def log_table(self, key: str, columns: list[str], rows: list[list[Any]], step: int) -> None:
-        for backend in self.backends:
-            backend.log_table(key, columns, rows, step)
-
-    def log_file(self, path: Path, name: str, kind: str) -> None:
-        for backend in self.backends:
-            backend.log_file(path, name, kind)
-
-    def log_text(self, key: str, texts: list[str], step: int) -> None:
-        for backend in self.backends:
-            backend.log_text(key, texts, step)
-
-    def finish(self, summary: dict[str, Any] | None = None) -> None:
-        for backend in self.backends:
-            backend.finish(summary)
 
 
 def build_logger(
@@ -71,6 +39,10 @@ def build_logger(
         from gearshift.observe.csv_logger import CsvLogger
 
         backends.append(CsvLogger(run_dir / "metrics.csv", start_step))
+    if len(backends) < 2:  # none (logger=none) or the one backend, called as it is
+        return backends[0] if backends else NullLogger()
+    from gearshift.observe.several_loggers import Loggers
+
     return Loggers(backends)
 
 

@@ -1,13 +1,8 @@
 """The training loss, kept per optimizer step on the device between log steps and checked
-for NaN and inf when it is read.
-
-Each step's loss goes into its own slot of a small device buffer (one in-place add per
-micro-batch, as cheap as the plain running sum it replaces); the log step reads the buffer
-in its one host read, so `on_nonfinite=stop` (the default) names the first non-finite step
-at no extra sync (the line it ends the run with: nonfinite.py). `on_nonfinite=skip`
-decides at every optimizer step whether to skip its update (loss_skip.py). The terms a
-task's loss returns beside it (Task.loss_terms) share the loss's row: summed alike, read in
-the same read.
+for NaN and inf when it is read (docs/observing.md, "A NaN or inf loss"): each step's loss
+goes into its own slot of a small device buffer (one in-place add per micro-batch), read in
+the log step's one host read, so `on_nonfinite=stop` names the first non-finite step at no
+extra sync. The terms a task's loss returns beside it (Task.loss_terms) share its row.
 """
 
 from __future__ import annotations
@@ -104,8 +99,7 @@ class LossWatch:
         }
 
     def metrics(self) -> dict[str, int]:
-        """What a log step reports beside the losses: nothing here (loss_skip.py: the steps
-        skipped)."""
+        """What a log step reports beside the losses: none here (loss_skip.py: steps skipped)."""
         return {}
 
     def check(self, parameters: Iterable[torch.Tensor]) -> tuple[int | None, bool]:

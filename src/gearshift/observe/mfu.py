@@ -1,23 +1,7 @@
-"""Model FLOPs utilisation: how close the run comes to the device's peak arithmetic rate.
-
-FLOPs per sample are counted once, at start-up, with torch's FlopCounterMode over the
-forward and backward pass of the task's two-sample example batch (divided by two). It counts the model's
-matmuls and convolutions as dispatched, in the run's dtype and layout; recomputation by
-activation checkpointing is left out (MFU counts the model's FLOPs, not the hardware's).
-
-The peak is the device's dense rate for the dtype the matmuls run in: on NVIDIA GPUs from
-the vendor's datasheet (gpu_datasheets.py; dense figures: the "with sparsity" ones are twice
-these), on a CPU
-a float matmul measured at start-up. `achieved = flops_per_sample * samples/s` per device,
-`mfu = achieved / peak`; at log steps it comes from the interval's samples/s (no extra sync).
-A CPU's peak is timed once: a machine busier then than during the steps gives an MFU above
-1, which the summary reports as it is, with `peak_flops_beaten` true.
-
-A transformer that states its own analytical count (a `flops_per_token(time)` method) is
-measured by that count (analytic_flops.py). FlopCounterMode has no formula for the CPU's
-flash-attention kernels; the CUDA ones' formulas are lent to them here, so attention counts
-on both devices.
-"""
+"""Model FLOPs utilisation: FLOPs per sample, counted once at start-up (FlopCounterMode over
+the example batch's forward and backward) or a transformer's own count (analytic_flops.py),
+against the device's peak for the dtype the matmuls run in (docs/observing.md: the
+summary's `flops_*`, `peak_flops_*` and `mfu`; `perf/mfu` at log steps, no extra sync)."""
 
 from __future__ import annotations
 
@@ -44,7 +28,8 @@ _aten = torch.ops.aten
 
 
 def _as_counted(flash_op) -> Callable[..., int]:
-    """The registered formula of a CUDA flash-attention op, for a CPU op of the same maths."""
+    """A CUDA flash-attention op's registered formula, lent to the CPU op of the same maths:
+    FlopCounterMode has none for the CPU's kernels, so attention counts on both devices."""
     # the registered formula takes tensors already (shape-wrapped when registered)
     count = partial(flop_registry[flash_op])
     count._get_raw = True  # FlopCounterMode: do not wrap it a second time
@@ -100,9 +85,8 @@ def peak_flops(device: torch.device, dtype: str, matmul_precision: str) -> tuple
 
         return gpu_peak(torch.cuda.get_device_name(device), dtype)
     if device.type == "cpu":
-        torch_dtype = torch.float32 if dtype == "float32" else getattr(torch, dtype)
         threads = torch.get_num_threads()
-        peak, n = cpu_matmul_peak(torch_dtype, matmul_precision, threads)
+        peak, n = cpu_matmul_peak(getattr(torch, dtype), matmul_precision, threads)
         return peak, f"measured: {dtype} matmul {n}x{n} on {threads} CPU threads"
     return None, f"no peak known for device type {device.type!r}"
 
@@ -197,9 +181,8 @@ class MFU:
         return {} if mfu is None else {"perf/mfu": mfu}
 
     def summary(self, samples_per_sec_per_device: float) -> dict[str, Any]:
-        """The figures at the run's throughput. MFU is never clamped: a run that beat the
-        peak says so (`peak_flops_beaten`), as a CPU run does whose start-up probe timed
-        its matmuls while the machine was busier than during the steps."""
+        """The figures at the run's throughput; MFU is never clamped (docs/observing.md,
+        `peak_flops_beaten`: a CPU's start-up probe may run while the machine is busier)."""
         achieved = self.flops_per_sample * samples_per_sec_per_device
         peak, mfu = self.peak_flops_per_sec, self.of(samples_per_sec_per_device)
         return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gearshift.observe.guarded_backend import Backend
+from gearshift.observe.logger_backend import Backend
 
 
 class TensorBoardLogger(Backend):

@@ -1,11 +1,10 @@
 """Throughput, step time, data-wait share and peak memory, measured without host syncs.
 
 The loop reports each optimizer step (`step`) and each wait for a batch (`add_data_wait`):
-host clock reads and, on CUDA, one recorded event, nothing that waits for the device.
-At log points the loop has just read the loss (the one sync it allows itself), so
-`flush` can read the events for free. Intervals that start before `warmup_steps`
-(start-up, compilation, cuDNN autotuning) are kept out of the steady-state figures, and so
-are, under profile=on, the profiled steps (profiler.py's ProfiledMeter), step by step.
+host clock reads and, on CUDA, one recorded event. At log points the loop has just read the
+loss (its one sync), so `flush` reads the events for free. Intervals before `warmup_steps`
+(start-up, compilation, autotuning) and, under profile=on, the profiled steps
+(profiler.py's ProfiledMeter) are kept out of the steady-state figures.
 """
 
 from __future__ import annotations

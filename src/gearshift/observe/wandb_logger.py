@@ -11,27 +11,25 @@ from typing import Any
 from urllib.parse import urlparse
 
 from gearshift.config.schema import LoggerConfig
-from gearshift.observe.guarded_backend import Backend
+from gearshift.observe.logger_backend import Backend
 
 log = logging.getLogger(__name__)
 
 
-def has_wandb_api_key() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return netrc.netrc().authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
-
-
 def wandb_mode(configured: str) -> str:
+    """`auto`: the user's own WANDB_MODE, else online with an API key (WANDB_API_KEY, or
+    `wandb login`'s netrc entry for the W&B host), else offline."""
     if configured != "auto":
         return configured
     if os.environ.get("WANDB_MODE"):  # the user's own W&B setting wins over our guess
         return os.environ["WANDB_MODE"]
-    return "online" if has_wandb_api_key() else "offline"
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return "online" if netrc.netrc().authenticators(host) is not None else "offline"
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return "offline"
 
 
 class WandbLogger(Backend):
@@ -80,15 +78,8 @@ class WandbLogger(Backend):
     def log_file(self, path: Path, name: str, kind: str) -> None:
         if self.mode != "online":  # offline, the file is in the run folder already
             return
-
-        def upload() -> None:
-            import wandb
-
-            artifact = wandb.Artifact(name, type=kind)
-            artifact.add_file(str(path))
-            self.run.log_artifact(artifact)
-
-        self._guarded("artifact", upload)
+        # an artifact of `name` holding the file
+        self._guarded("artifact", lambda: self.run.log_artifact(str(path), name=name, type=kind))
 
     def close(self, summary: dict[str, Any] | None) -> None:
         self.run.summary.update(summary or {})

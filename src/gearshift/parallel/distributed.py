@@ -1,11 +1,6 @@
 """Distributed gears (docs/gears.md tip 18): DDP done right, DataParallel and FSDP to compare.
-
-Where the ranks come from: torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR/PORT), else SLURM's (one task per device), else `distributed.nproc_per_node`
-starts them here through torch's elastic launcher (`launch_local`). The process group
-(process_group.py, loaded with several ranks only) is nccl on CUDA and gloo on CPU; a
-collective that waits longer than `distributed.timeout_s` for a dead rank fails instead
-of hanging.
+Where the ranks come from, and their backend: docs/distributed.md. The process group
+(process_group.py) and the wraps (wrappers.py) load with several ranks only.
 """
 
 from __future__ import annotations
