@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from gearshift.config.keyword_checks import check_keywords
 from gearshift.config.rules import check_choice, check_int, check_switch, fail, locate
 from gearshift.config.schema import (
     AMP_DTYPES,
@@ -27,7 +28,6 @@ from gearshift.config.schema import (
     DEVICES,
     PLAN_DEVICES,
     STRATEGIES,
-    check_keywords,
 )
 
 SCHEDULER_CLASS = (

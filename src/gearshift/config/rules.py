@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import types
 import typing
 from typing import Any, Literal
@@ -116,3 +117,14 @@ def locate(
     if not callable(found):  # missing, or a module
         raise ConfigError(f"{key}={target!r} is not allowed; {expected}")
     return found
+
+
+def binds(fn: Any, /, *args: Any, **kwargs: Any) -> bool:
+    """Whether `fn(*args, **kwargs)` binds to fn's signature: the quick test a default run's
+    nodes pass; where it fails, keyword_checks.py (loaded then) names what is wrong, if
+    anything (its checks are the rule)."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return False
+    return True
