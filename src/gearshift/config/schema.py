@@ -446,16 +446,6 @@ class Config:
             fail("model.init_strict", strict, "choose true or false")
         check_choice(cfg, "on_nonfinite", ON_NONFINITE)
 
-    @staticmethod
-    def check_parts(cfg: DictConfig, uses: frozenset[str]) -> None:
-        """The model and task of `uses` import."""
-        for key, what in (("model", "model class or function"), ("task", "task class")):
-            target = OmegaConf.select(cfg, f"{key}._target_")
-            if key in uses and not target:
-                fail(f"{key}._target_", target, f"name the {what} to build")
-            if key in uses:
-                locate(f"{key}._target_", target)
-
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)
 
