@@ -30,16 +30,15 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
             locate(f"{key}._target_", target)
     _check_unless_default(cfg, "amp")
     _check_unless_default(cfg, "compile")
-    s.LoggerConfig.check_node(cfg.logger)
-    if cfg.logger.tensorboard:
-        _check_feature(cfg, "tensorboard")
+    if cfg.logger.mode != "auto" or cfg.logger.tensorboard:  # W&B's mode named, TensorBoard
+        _check_feature(cfg, "logger")
     s.Config.check_node(cfg)
     if cfg.get("max_tokens") is not None:  # a token budget
         _check_feature(cfg, "max_tokens")
     if cfg.model.get("init_from") is not None:  # the model's weights from a checkpoint
         _check_feature(cfg, "init_from")
     _check_unless_default(cfg, "batch_size_finder")
-    s.CheckpointConfig.check_node(cfg.checkpoint)
+    _check_unless_default(cfg, "checkpoint")
     _check_unless_default(cfg, "sweep")
     _check_unless_default(cfg, "ema")
     _check_unless_default(cfg, "early_stop")
@@ -47,7 +46,7 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     _check_unless_default(cfg, "plan")
     _check_unless_default(cfg, "distributed")  # several ranks
     if "data" in uses:
-        s.DataLoaderConfig.check_node(cfg.dataloader)
+        _check_unless_default(cfg, "dataloader")
         check_types(cfg, "data")
         check_data(cfg)
         check_arguments(cfg, "data")

@@ -2,14 +2,11 @@
 
 The dataclasses are registered with Hydra's ConfigStore as `gearshift_schema`, the first
 entry of conf/config.yaml's defaults, so a wrong type fails while Hydra composes the
-config. What types alone cannot express sits beside the fields too: each dataclass's
-`check_node` takes its node of the composed config (a DictConfig, not converted to the
-dataclass: values such as `auto` and interpolations stay as they are) and raises
-ConfigError for the first value that is not allowed; a key with a fixed set of values has
-it defined here, beside its field. checks.py runs these and the checks that span nodes.
-The checks of the features a run may leave off (amp, compile, batch_size_finder, ema,
-early_stop, profile, plan, sweep, distributed, device_transforms, a scheduler class,
-max_tokens, model.init_from, ...) are in feature_checks.py, loaded for a run that sets one.
+config; a key with a fixed set of values has it defined here, beside its field. What types
+alone cannot express: `check_node` of Config and OptimizerConfig takes its node of the
+composed config (a DictConfig: `auto` and interpolations stay as they are) and raises
+ConfigError for the first value that is not allowed (checks.py runs them and the checks
+that span nodes); those of the nodes a run may leave at their defaults: feature_checks.py.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -51,16 +47,6 @@ class DataLoaderConfig:
     non_blocking: bool = False  # host-to-device copies that do not wait (tip 7)
     drop_last: bool = False  # drop each epoch's short last batch
     prefetch_to_device: bool = False  # CUDA: copy the next batch on a side stream (prefetch.py)
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        workers = node.num_workers
-        if workers != "auto" and (
-            isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
-        ):
-            fail("dataloader.num_workers", workers, "expected an integer >= 0 or auto")
-        check_switch(node, "pin_memory", PIN_MEMORY, "dataloader.")
-        check_int(node, "prefetch_factor", 1, optional=True, prefix="dataloader.")
 
 
 COMPILE_ENABLED = (True, False, "auto")
@@ -135,12 +121,6 @@ class OptimizerConfig:
     schedule: str = "cosine"
     lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps, before any schedule
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
-
-    @staticmethod
-    def loop_defaults() -> dict[str, Any]:
-        """The node's keys and defaults (Config.optimizer's default: an open node, so a
-        preset's and `++` keywords join it)."""
-        return {f.name: f.default for f in fields(OptimizerConfig)}
 
     @staticmethod
     def keywords(node: DictConfig | dict[str, Any]) -> dict[str, Any]:
@@ -255,11 +235,6 @@ class LoggerConfig:
     group: str | None = None  # the W&B group; null: a sweep's folder name
     tags: list[str] = field(default_factory=list)  # W&B tags
 
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        """The mode; logger=tensorboard's package: feature_checks.py."""
-        check_choice(node, "mode", LOGGER_MODES, "logger.")
-
 
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
 BACKENDS = ("auto", "nccl", "gloo")
@@ -284,11 +259,6 @@ class CheckpointConfig:
     at_end: bool = True  # a checkpoint at the run's end
     keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
     async_save: bool = False  # write in the background; the loop waits only for the copy
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        check_int(node, "every_n_steps", 1, optional=True, prefix="checkpoint.")
-        check_int(node, "keep", 1, prefix="checkpoint.")
 
 
 @dataclass
@@ -383,7 +353,9 @@ class Config:
     task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)
     dataloader: DataLoaderConfig = MISSING
     # a torch.optim.Optimizer class (_target_) and its keywords, beside the loop's own keys
-    optimizer: dict[str, Any] = field(default_factory=OptimizerConfig.loop_defaults)
+    optimizer: dict[str, Any] = field(  # open: a preset's and `++` keywords join these keys
+        default_factory=lambda: {f.name: f.default for f in fields(OptimizerConfig)}
+    )
     # a torch.optim.lr_scheduler class (_target_) and its keywords; null: optimizer.schedule
     scheduler: dict[str, Any] = field(default_factory=lambda: {"_target_": None})
     amp: AmpConfig = MISSING
@@ -435,12 +407,10 @@ class Config:
         check_int(cfg, "warmup_steps", 0)
         check_int(cfg, "max_steps", 1, optional=True)
         check_int(cfg, "val_every_n_steps", 1, optional=True)
-        if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
-            fail(
-                "resume",
-                cfg.resume,
-                "no such checkpoint file; give a checkpoint's path, auto or null",
-            )
+        if cfg.resume not in (None, "auto"):  # a checkpoint's path
+            from gearshift.config.feature_checks import check_resume
+
+            check_resume(cfg)
         strict = cfg.model.get("init_strict", True)
         if not isinstance(strict, bool):
             fail("model.init_strict", strict, "choose true or false")

@@ -1,13 +1,10 @@
 """The keys of the built-in data sources, models and tasks, typed.
 
-A data, model or task node's keys differ by its `_target_`, so the schema holds them as
-free dicts (schema.py `Config`). Each built-in target of conf/data, conf/model and
-conf/task has a dataclass here (the token data's and GPT's in token_targets.py, the image
-sources' in disk_targets.py, the small models' and regression's in small_targets.py), chosen by the node's `_target_` (named as a string: this
-layer does not import the data, models or tasks), whose field types `check_fields` holds
-the node's values to at start: `data.streaming=sometimes` is one line, not a run that
-streams. A target of your own keeps free keys; `check_arguments` holds them to its
-signature, as the build will (instantiate.py).
+A data, model or task node's keys differ by its `_target_`, so the schema holds them as free
+dicts. Each built-in target of conf/ has a dataclass (`TYPED`) whose field types
+`check_fields` holds the node's values to at start (docs/architecture.md, "Your own dataset":
+`data.streaming=sometimes` is one line, not a run that streams). A target of your own keeps
+free keys; `check_arguments` holds them to its signature, as the build will (instantiate.py).
 """
 
 from __future__ import annotations
@@ -68,8 +65,9 @@ class ClassificationNode:
 
 
 # The built-in targets' descriptions (classes of gearshift.config), by the _target_ their
-# conf/ files name: this module's, and those of token_targets.py, disk_targets.py and
-# small_targets.py, which load only when a node names one of their targets.
+# conf/ files name (a string: this layer does not import the data, models or tasks): this
+# module's, and those of token_targets.py, disk_targets.py and small_targets.py, which load
+# only when a node names one of their targets.
 TYPED: dict[str, str] = {
     "gearshift.data.synthetic.synthetic_images": "targets.SyntheticImagesNode",
     "gearshift.data.synthetic_regression.synthetic_regression": "small_targets.SyntheticRegressionNode",
