@@ -1,8 +1,8 @@
 """The checks of the features a run may leave off: mixed precision, torch.compile, the
-dataloader gears, batch_size=auto's search, the checkpoints' cadence, a checkpoint to resume,
-the sweep presets' settings, weight averaging, early stopping, the profiler, the plan,
-several ranks, the transforms on the device, a scheduler class, a token budget,
-model.init_from, W&B's mode and logger=tensorboard, and a device named (cuda, cuda:N).
+dataloader gears, batch_size=auto's search, the checkpoints' cadence, the sweep presets'
+settings, weight averaging, early stopping, the profiler, the plan, several ranks, the
+transforms on the device, a scheduler class, a token budget, model.init_from, W&B's mode
+and logger=tensorboard, and a device named (cuda, cuda:N).
 
 Each feature's node left at its schema defaults passes its check (tests/test_config.py holds
 them to it), so checks.py runs `check_<node>` only for a node that differs from them (and the
@@ -62,14 +62,6 @@ def check_dataloader(cfg: DictConfig) -> None:
 def check_checkpoint(cfg: DictConfig) -> None:
     check_int(cfg.checkpoint, "every_n_steps", 1, optional=True, prefix="checkpoint.")
     check_int(cfg.checkpoint, "keep", 1, prefix="checkpoint.")
-
-
-def check_resume(cfg: DictConfig) -> None:
-    """resume: a checkpoint's path (not auto or null) that exists."""
-    if not Path(cfg.resume).exists():
-        fail(
-            "resume", cfg.resume, "no such checkpoint file; give a checkpoint's path, auto or null"
-        )
 
 
 def check_batch_size_finder(cfg: DictConfig) -> None:

@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -407,10 +408,9 @@ class Config:
         check_int(cfg, "warmup_steps", 0)
         check_int(cfg, "max_steps", 1, optional=True)
         check_int(cfg, "val_every_n_steps", 1, optional=True)
-        if cfg.resume not in (None, "auto"):  # a checkpoint's path
-            from gearshift.config.feature_checks import check_resume
-
-            check_resume(cfg)
+        if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
+            allowed = "no such checkpoint file; give a checkpoint's path, auto or null"
+            fail("resume", cfg.resume, allowed)
         strict = cfg.model.get("init_strict", True)
         if not isinstance(strict, bool):
             fail("model.init_strict", strict, "choose true or false")
