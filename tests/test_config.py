@@ -112,7 +112,7 @@ def test_a_feature_node_at_its_schema_defaults_passes_its_check():
 
     cfg = make_cfg(tiny=False)
     nodes = ("amp", "compile", "batch_size_finder", "sweep", "ema", "early_stop", "profile")
-    for key in (*nodes, "plan", "distributed", "device_transforms"):
+    for key in (*nodes, "plan", "distributed", "device_transforms", "dataloader", "checkpoint"):
         cfg[key] = OmegaConf.structured(OmegaConf.get_type(cfg[key]))
         getattr(feature_checks, f"check_{key}")(cfg)
 

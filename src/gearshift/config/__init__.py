@@ -2,7 +2,6 @@
 
 from gearshift.config import schema  # noqa: F401  (registers the schema with the ConfigStore)
 from gearshift.config.checks import check_config
-from gearshift.config.errors import DataError
-from gearshift.config.rules import ConfigError
+from gearshift.config.rules import ConfigError, DataError
 
 __all__ = ["ConfigError", "DataError", "check_config"]

@@ -10,7 +10,7 @@ from omegaconf.errors import InterpolationKeyError
 
 from gearshift.config import schema as s
 from gearshift.config.data_checks import check_data
-from gearshift.config.rules import fail
+from gearshift.config.rules import fail, locate
 from gearshift.config.targets import check_arguments, check_types
 
 # The parts of a run that check_config imports and checks: all of them for training and
@@ -22,19 +22,23 @@ RUN_PARTS = frozenset({"model", "task", "data"})
 def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     """Raise ConfigError (one line) for the first value that is not allowed, among the
     keys of the parts in `uses` and those every part reads."""
-    s.Config.check_parts(cfg, uses)
+    for key, what in (("model", "model class or function"), ("task", "task class")):
+        if key in uses:  # its class imports
+            target = OmegaConf.select(cfg, f"{key}._target_")
+            if not target:
+                fail(f"{key}._target_", target, f"name the {what} to build")
+            locate(f"{key}._target_", target)
     _check_unless_default(cfg, "amp")
     _check_unless_default(cfg, "compile")
-    s.LoggerConfig.check_node(cfg.logger)
-    if cfg.logger.tensorboard:
-        _check_feature(cfg, "tensorboard")
+    if cfg.logger.mode != "auto" or cfg.logger.tensorboard:  # W&B's mode named, TensorBoard
+        _check_feature(cfg, "logger")
     s.Config.check_node(cfg)
     if cfg.get("max_tokens") is not None:  # a token budget
         _check_feature(cfg, "max_tokens")
     if cfg.model.get("init_from") is not None:  # the model's weights from a checkpoint
         _check_feature(cfg, "init_from")
     _check_unless_default(cfg, "batch_size_finder")
-    s.CheckpointConfig.check_node(cfg.checkpoint)
+    _check_unless_default(cfg, "checkpoint")
     _check_unless_default(cfg, "sweep")
     _check_unless_default(cfg, "ema")
     _check_unless_default(cfg, "early_stop")
@@ -42,7 +46,7 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
     _check_unless_default(cfg, "plan")
     _check_unless_default(cfg, "distributed")  # several ranks
     if "data" in uses:
-        s.DataLoaderConfig.check_node(cfg.dataloader)
+        _check_unless_default(cfg, "dataloader")
         check_types(cfg, "data")
         check_data(cfg)
         check_arguments(cfg, "data")
@@ -90,8 +94,6 @@ def _check_resolves(cfg: DictConfig, group: str) -> None:
             if isinstance(node, (DictConfig, ListConfig)):
                 OmegaConf.to_container(node, resolve=True)
         except InterpolationKeyError as error:
-            from gearshift.config.unknown_keys import missing_key_hint  # bad input only
+            from gearshift.config.unknown_keys import fail_missing_key  # bad input only
 
-            missing = str(error).split("'")[1] if "'" in str(error) else str(error)
-            hint = missing_key_hint(group, key, missing)
-            fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
+            fail_missing_key(group, key, value, error)

@@ -20,10 +20,22 @@ from gearshift.config.disk_targets import (
 )
 from gearshift.config.rules import check_choice, check_int, fail
 
+# The sources check_disk_data checks, by _target_, with the names their conf/data files have.
+DISK_SOURCES = {
+    "gearshift.data.images.image_folder": "imagefolder",
+    "gearshift.data.images.cifar10": "cifar10",
+    "gearshift.data.shards.shards": "shards",
+}
 
-def check_disk_data(cfg: DictConfig, name: str) -> None:
+
+def check_disk_data(cfg: DictConfig) -> None:
     """imagefolder, cifar10 and shards: the folder exists, and the values fit the source."""
-    data = cfg.data
+    data, name = cfg.data, DISK_SOURCES[cfg.data._target_]
+    check_int(cfg, "data.num_samples", 1, optional=True)
+    check_int(cfg, "data.num_val_samples", 0, optional=True)
+    for key in ("data.image_size", "data.channels"):
+        check_int(cfg, key, 1)
+    check_int(cfg, "data.num_classes", 2)
     if data.get("on_device"):
         fail("data.on_device", True, f"only synthetic data is made on the device, not {name}")
     if name == "imagefolder" and not 0 <= data.val_fraction < 1:

@@ -1,7 +1,8 @@
-"""The checks of the features a run may leave off: mixed precision, torch.compile,
-batch_size=auto's search, the sweep presets' settings, weight averaging, early stopping, the
-profiler, the plan, several ranks, the transforms on the device, a scheduler class, a token
-budget, model.init_from, logger=tensorboard and a device named (cuda, cuda:N).
+"""The checks of the features a run may leave off: mixed precision, torch.compile, the
+dataloader gears, batch_size=auto's search, the checkpoints' cadence, the sweep presets'
+settings, weight averaging, early stopping, the profiler, the plan, several ranks, the
+transforms on the device, a scheduler class, a token budget, model.init_from, W&B's mode
+and logger=tensorboard, and a device named (cuda, cuda:N).
 
 Each feature's node left at its schema defaults passes its check (tests/test_config.py holds
 them to it), so checks.py runs `check_<node>` only for a node that differs from them (and the
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from gearshift.config.keyword_checks import check_keywords
 from gearshift.config.rules import check_choice, check_int, check_switch, fail, locate
 from gearshift.config.schema import (
     AMP_DTYPES,
@@ -25,9 +27,10 @@ from gearshift.config.schema import (
     COMPILE_ENABLED,
     COMPILE_MODES,
     DEVICES,
+    LOGGER_MODES,
+    PIN_MEMORY,
     PLAN_DEVICES,
     STRATEGIES,
-    check_keywords,
 )
 
 SCHEDULER_CLASS = (
@@ -43,6 +46,22 @@ def check_amp(cfg: DictConfig) -> None:
 def check_compile(cfg: DictConfig) -> None:
     check_choice(cfg.compile, "mode", COMPILE_MODES, "compile.")
     check_switch(cfg.compile, "enabled", COMPILE_ENABLED, "compile.")
+
+
+def check_dataloader(cfg: DictConfig) -> None:
+    node, at = cfg.dataloader, "dataloader."
+    workers = node.num_workers
+    if workers != "auto" and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
+    ):
+        fail(at + "num_workers", workers, "expected an integer >= 0 or auto")
+    check_switch(node, "pin_memory", PIN_MEMORY, at)
+    check_int(node, "prefetch_factor", 1, optional=True, prefix=at)
+
+
+def check_checkpoint(cfg: DictConfig) -> None:
+    check_int(cfg.checkpoint, "every_n_steps", 1, optional=True, prefix="checkpoint.")
+    check_int(cfg.checkpoint, "keep", 1, prefix="checkpoint.")
 
 
 def check_batch_size_finder(cfg: DictConfig) -> None:
@@ -188,9 +207,10 @@ def check_init_from(cfg: DictConfig) -> None:
         )  # fmt: skip
 
 
-def check_tensorboard(cfg: DictConfig) -> None:
-    """logger=tensorboard: its package is installed."""
-    if importlib.util.find_spec("tensorboard") is None:
+def check_logger(cfg: DictConfig) -> None:
+    """W&B's mode; logger=tensorboard: its package is installed."""
+    check_choice(cfg.logger, "mode", LOGGER_MODES, "logger.")
+    if cfg.logger.tensorboard and importlib.util.find_spec("tensorboard") is None:
         fail(
             "logger",
             "tensorboard",

@@ -8,7 +8,7 @@ signature first, and any failure becomes a `ConfigError` that names the key.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import hydra
@@ -28,25 +28,6 @@ def accepts(fn: Any, name: str, by_name: bool = False) -> bool:
     return any(p.name == name or (p.kind is p.VAR_KEYWORD and not by_name) for p in parameters)
 
 
-def check_keywords(key: str, target: Any, fn: Any, names: Iterable[str]) -> None:
-    """Each of `names` is a keyword argument `fn` takes; else a one-line ConfigError that
-    names the first one it does not and the ones it takes."""
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # no signature to check against: let the call decide
-        return
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return
-    takes = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    for name in names:
-        if name not in takes:
-            raise ConfigError(
-                f"{key}._target_={target!r} is not allowed; got an unexpected keyword "
-                f"argument {name!r}; it takes"
-                + (f": {', '.join(takes)}" if takes else " no keyword arguments")
-            )
-
-
 def instantiate(key: str, node: Mapping[str, Any], **extra: Any) -> Any:
     """`node["_target_"](**other keys, **extra)`; one-line ConfigError naming `key` when
     the target is missing, rejects the arguments, or raises while building."""
@@ -57,7 +38,9 @@ def instantiate(key: str, node: Mapping[str, Any], **extra: Any) -> Any:
         inspect.signature(fn).bind(**kwargs)
     except TypeError as error:  # a missing argument is named before an unknown one, as Python does
         if "unexpected keyword" in str(error):
-            check_keywords(key, target, fn, kwargs)  # names the keywords it takes
+            from gearshift.config.keyword_checks import check_argument_names  # bad input only
+
+            check_argument_names(key, target, fn, kwargs)  # names the keywords it takes
         raise ConfigError(f"{key}._target_={target!r} is not allowed; {error}") from None
     except ValueError:  # no signature to check against: let the call decide
         pass

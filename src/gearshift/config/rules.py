@@ -1,19 +1,22 @@
-"""The error of a config and the rules its checks share; DataError is in errors.py.
+"""The errors of a config and the rules its checks share.
 
 `ConfigError` is a value that is not allowed, said in one line naming the key, the value
-and what is allowed; each schema dataclass checks its own node with these helpers
-(schema.py), the data node its source's keys (data_checks.py), and checks.py what spans
-nodes. `check_fields` checks a node's values against a dataclass's field types (the
-built-in targets' keys: targets.py). `locate` finds the class or function a `_target_` names;
-`is_searchpath` tells the command line's search path from the keys it checks.
+and what is allowed; `DataError` is data that cannot be read, met while training. Each
+schema dataclass checks its own node with these helpers (schema.py), the data node its
+source's keys (data_checks.py), checks.py what spans nodes. `check_fields` holds a node's
+values to a dataclass's field types (targets.py); `locate` finds what a `_target_` names,
+`binds` whether a node's keys bind to it; `is_searchpath` tells the command line's search
+path from the keys it checks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -21,6 +24,22 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 class ConfigError(ValueError):
     """A config value that is not allowed; the message is one line for the user."""
+
+
+class DataError(ConfigError):
+    """Data that cannot be read, met while training (a damaged file) rather than by a config
+    check: the training loop catches it, saves a checkpoint at its last optimizer step, then
+    ends with this one line (exit 2). It lives in config/, the bottom layer, so that data/ can
+    raise it and train.py's loop catch it, both importing it from `gearshift.config`."""
+
+    remedy = "fix the data"
+
+    def after(self, checkpoint: Path | None) -> DataError:
+        """This error, its message now saying where training stopped and how to go on."""
+        if checkpoint is not None:
+            remedy = f"{self.remedy}, then run the same command again to resume"
+            self.args = (f"{self}; saved {checkpoint}: {remedy}",)
+        return self
 
 
 def is_searchpath(override: str) -> bool:
@@ -116,3 +135,14 @@ def locate(
     if not callable(found):  # missing, or a module
         raise ConfigError(f"{key}={target!r} is not allowed; {expected}")
     return found
+
+
+def binds(fn: Any, /, *args: Any, **kwargs: Any) -> bool:
+    """Whether `fn(*args, **kwargs)` binds to fn's signature: the quick test a default run's
+    nodes pass; where it fails, keyword_checks.py (loaded then) names what is wrong, if
+    anything (its checks are the rule)."""
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return False
+    return True

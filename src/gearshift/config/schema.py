@@ -2,19 +2,15 @@
 
 The dataclasses are registered with Hydra's ConfigStore as `gearshift_schema`, the first
 entry of conf/config.yaml's defaults, so a wrong type fails while Hydra composes the
-config. What types alone cannot express sits beside the fields too: each dataclass's
-`check_node` takes its node of the composed config (a DictConfig, not converted to the
-dataclass: values such as `auto` and interpolations stay as they are) and raises
-ConfigError for the first value that is not allowed; a key with a fixed set of values has
-it defined here, beside its field. checks.py runs these and the checks that span nodes.
-The checks of the features a run may leave off (amp, compile, batch_size_finder, ema,
-early_stop, profile, plan, sweep, distributed, device_transforms, a scheduler class,
-max_tokens, model.init_from, ...) are in feature_checks.py, loaded for a run that sets one.
+config; a key with a fixed set of values has it defined here, beside its field. What types
+alone cannot express: `check_node` of Config and OptimizerConfig takes its node of the
+composed config (a DictConfig: `auto` and interpolations stay as they are) and raises
+ConfigError for the first value that is not allowed (checks.py runs them and the checks
+that span nodes); those of the nodes a run may leave at their defaults: feature_checks.py.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 from dataclasses import dataclass, field, fields
@@ -25,7 +21,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from gearshift.config.rules import check_choice, check_int, check_switch, fail, locate
+from gearshift.config.rules import binds, check_choice, check_int, check_switch, fail, locate
 
 AMP_DTYPES = ("none", "auto", "bfloat16", "float16")
 
@@ -52,16 +48,6 @@ class DataLoaderConfig:
     non_blocking: bool = False  # host-to-device copies that do not wait (tip 7)
     drop_last: bool = False  # drop each epoch's short last batch
     prefetch_to_device: bool = False  # CUDA: copy the next batch on a side stream (prefetch.py)
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        workers = node.num_workers
-        if workers != "auto" and (
-            isinstance(workers, bool) or not isinstance(workers, int) or workers < 0
-        ):
-            fail("dataloader.num_workers", workers, "expected an integer >= 0 or auto")
-        check_switch(node, "pin_memory", PIN_MEMORY, "dataloader.")
-        check_int(node, "prefetch_factor", 1, optional=True, prefix="dataloader.")
 
 
 COMPILE_ENABLED = (True, False, "auto")
@@ -107,8 +93,7 @@ PRESET_CLASSES = {
 }
 MUON_KEYS = ("muon_lr", "muon_momentum")  # optimizer=muon: Muon's lr and momentum
 SCHEDULES = ("constant", "cosine")
-# What one's own optimizer class and schedule must be (engine/optim.py builds them).
-OPTIMIZER_CLASS = "expected an importable torch.optim.Optimizer subclass (module.Name)"
+# What one's own schedule must be (engine/optim.py calls it).
 SCHEDULE_FUNCTION = (
     f"choose one of: {', '.join(SCHEDULES)}, or name a function factor(step, total_steps) "
     "-> float (module.name)"
@@ -137,12 +122,6 @@ class OptimizerConfig:
     schedule: str = "cosine"
     lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps, before any schedule
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
-
-    @staticmethod
-    def loop_defaults() -> dict[str, Any]:
-        """The node's keys and defaults (Config.optimizer's default: an open node, so a
-        preset's and `++` keywords join it)."""
-        return {f.name: f.default for f in fields(OptimizerConfig)}
 
     @staticmethod
     def keywords(node: DictConfig | dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +153,11 @@ class OptimizerConfig:
                 fail(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
             locate(at + "schedule", node.schedule, SCHEDULE_FUNCTION)
         target = OptimizerConfig.target(node)
-        check_optimizer_class(target)
+        if target not in (PRESET_CLASSES["sgd"], PRESET_CLASSES["adamw"]):
+            # a class of one's own, or Muon (not in every torch): an Optimizer subclass?
+            from gearshift.config.keyword_checks import check_optimizer_class
+
+            check_optimizer_class(target)
         lr = number(node, "lr", at, "expected a number > 0")
         if not lr > 0:
             fail(at + "lr", lr, "expected a number > 0")
@@ -209,7 +192,10 @@ class OptimizerConfig:
         if OptimizerConfig.is_muon(node):  # Muon takes muon_*, AdamW the rest
             keywords = {k: v for k, v in keywords.items() if k not in MUON_KEYS}
             target = PRESET_CLASSES["adamw"]
-        check_keywords("optimizer", target, keywords)
+        if not binds(locate("optimizer._target_", target), None, **keywords):  # None: params
+            from gearshift.config.keyword_checks import check_keywords
+
+            check_keywords("optimizer", target, keywords)
 
 
 @dataclass
@@ -233,40 +219,6 @@ def number(node: DictConfig, key: str, at: str, expected: str) -> float | None:
     return float(value)
 
 
-def check_optimizer_class(target: Any) -> None:
-    """`optimizer._target_` names a torch.optim.Optimizer subclass, checked by the names of
-    its bases (the config layer does not import torch)."""
-    found = locate("optimizer._target_", target, OPTIMIZER_CLASS)
-    if not isinstance(found, type):
-        fail("optimizer._target_", target, OPTIMIZER_CLASS)
-    bases = {f"{c.__module__}.{c.__qualname__}" for c in found.__mro__}
-    if "torch.optim.optimizer.Optimizer" not in bases:
-        fail("optimizer._target_", target, OPTIMIZER_CLASS)
-
-
-def check_keywords(
-    node: str, target: str, keywords: dict[str, Any], given: tuple[str, ...] = ()
-) -> None:
-    """Every key of `keywords` is a keyword of the class `target` names (after its first
-    argument: the parameters, or the optimizer), and each keyword it needs is there or
-    among those the loop `given`s; else one line naming the class's keywords."""
-    found = locate(f"{node}._target_", target)
-    parameters = list(inspect.signature(found).parameters.values())[1:]  # after params/optimizer
-    names = [p.name for p in parameters if p.kind is not p.VAR_KEYWORD]
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters)
-    for key, value in keywords.items():
-        if key not in names and not takes_any:
-            fail(
-                f"{node}.{key}",
-                value,
-                f"{target} takes no keyword {key!r}; its keywords: {', '.join(names)}",
-            )
-    for p in parameters:
-        named = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        if named and p.default is p.empty and p.name not in (*keywords, *given):
-            fail(f"{node}.{p.name}", None, f"{target} needs it: ++{node}.{p.name}=VALUE")
-
-
 LOGGER_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -283,11 +235,6 @@ class LoggerConfig:
     mode: str = "auto"  # LOGGER_MODES; auto: online with an API key, else offline
     group: str | None = None  # the W&B group; null: a sweep's folder name
     tags: list[str] = field(default_factory=list)  # W&B tags
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        """The mode; logger=tensorboard's package: feature_checks.py."""
-        check_choice(node, "mode", LOGGER_MODES, "logger.")
 
 
 STRATEGIES = ("auto", "none", "ddp", "dp", "fsdp")
@@ -313,11 +260,6 @@ class CheckpointConfig:
     at_end: bool = True  # a checkpoint at the run's end
     keep: int = 2  # the newest checkpoints kept in <run folder>/checkpoints
     async_save: bool = False  # write in the background; the loop waits only for the copy
-
-    @staticmethod
-    def check_node(node: DictConfig) -> None:
-        check_int(node, "every_n_steps", 1, optional=True, prefix="checkpoint.")
-        check_int(node, "keep", 1, prefix="checkpoint.")
 
 
 @dataclass
@@ -412,7 +354,9 @@ class Config:
     task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)
     dataloader: DataLoaderConfig = MISSING
     # a torch.optim.Optimizer class (_target_) and its keywords, beside the loop's own keys
-    optimizer: dict[str, Any] = field(default_factory=OptimizerConfig.loop_defaults)
+    optimizer: dict[str, Any] = field(  # open: a preset's and `++` keywords join these keys
+        default_factory=lambda: {f.name: f.default for f in fields(OptimizerConfig)}
+    )
     # a torch.optim.lr_scheduler class (_target_) and its keywords; null: optimizer.schedule
     scheduler: dict[str, Any] = field(default_factory=lambda: {"_target_": None})
     amp: AmpConfig = MISSING
@@ -465,25 +409,12 @@ class Config:
         check_int(cfg, "max_steps", 1, optional=True)
         check_int(cfg, "val_every_n_steps", 1, optional=True)
         if cfg.resume not in (None, "auto") and not Path(cfg.resume).exists():
-            fail(
-                "resume",
-                cfg.resume,
-                "no such checkpoint file; give a checkpoint's path, auto or null",
-            )
+            allowed = "no such checkpoint file; give a checkpoint's path, auto or null"
+            fail("resume", cfg.resume, allowed)
         strict = cfg.model.get("init_strict", True)
         if not isinstance(strict, bool):
             fail("model.init_strict", strict, "choose true or false")
         check_choice(cfg, "on_nonfinite", ON_NONFINITE)
-
-    @staticmethod
-    def check_parts(cfg: DictConfig, uses: frozenset[str]) -> None:
-        """The model and task of `uses` import."""
-        for key, what in (("model", "model class or function"), ("task", "task class")):
-            target = OmegaConf.select(cfg, f"{key}._target_")
-            if key in uses and not target:
-                fail(f"{key}._target_", target, f"name the {what} to build")
-            if key in uses:
-                locate(f"{key}._target_", target)
 
 
 ConfigStore.instance().store(name="gearshift_schema", node=Config)

@@ -1,13 +1,10 @@
 """The keys of the built-in data sources, models and tasks, typed.
 
-A data, model or task node's keys differ by its `_target_`, so the schema holds them as
-free dicts (schema.py `Config`). Each built-in target of conf/data, conf/model and
-conf/task has a dataclass here (the token data's and GPT's in token_targets.py, the image
-sources' in disk_targets.py, the small models' and regression's in small_targets.py), chosen by the node's `_target_` (named as a string: this
-layer does not import the data, models or tasks), whose field types `check_fields` holds
-the node's values to at start: `data.streaming=sometimes` is one line, not a run that
-streams. A target of your own keeps free keys; `check_arguments` holds them to its
-signature, as the build will (instantiate.py).
+A data, model or task node's keys differ by its `_target_`, so the schema holds them as free
+dicts. Each built-in target of conf/ has a dataclass (`TYPED`) whose field types
+`check_fields` holds the node's values to at start (docs/architecture.md, "Your own dataset":
+`data.streaming=sometimes` is one line, not a run that streams). A target of your own keeps
+free keys; `check_arguments` holds them to its signature, as the build will (instantiate.py).
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from gearshift.config.instantiate import check_keywords
-from gearshift.config.rules import check_fields, locate
+from gearshift.config.rules import binds, check_fields, locate
 from gearshift.config.schema import MODEL_KEYS
 
 # The keys of a node that are gearshift's, not arguments of its target.
@@ -69,8 +65,9 @@ class ClassificationNode:
 
 
 # The built-in targets' descriptions (classes of gearshift.config), by the _target_ their
-# conf/ files name: this module's, and those of token_targets.py, disk_targets.py and
-# small_targets.py, which load only when a node names one of their targets.
+# conf/ files name (a string: this layer does not import the data, models or tasks): this
+# module's, and those of token_targets.py, disk_targets.py and small_targets.py, which load
+# only when a node names one of their targets.
 TYPED: dict[str, str] = {
     "gearshift.data.synthetic.synthetic_images": "targets.SyntheticImagesNode",
     "gearshift.data.synthetic_regression.synthetic_regression": "small_targets.SyntheticRegressionNode",
@@ -107,4 +104,7 @@ def check_arguments(cfg: DictConfig, group: str) -> None:
     target = node.get("_target_")
     found = locate(f"{group}._target_", target)
     given = [str(key) for key in node if key != "_target_" and key not in TRAINER_KEYS[group]]
-    check_keywords(group, target, found, given)
+    if not binds(found, **dict.fromkeys(given)):  # or an argument the build adds is missing
+        from gearshift.config.keyword_checks import check_argument_names
+
+        check_argument_names(group, target, found, given)

@@ -14,6 +14,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
+from gearshift.config.rules import fail
+
 _LISTED = 12  # keys named when none is close; more would not fit a line
 MOVED = {  # old spelling -> the key that took its place
     "data.image_column": "data.fields.inputs",
@@ -90,6 +92,14 @@ IMAGE_KEYS_HINTS = {
     "model.in_shape": "model.in_shape=[...] (one sample's inputs' shape)",
     "model.in_channels": "model.in_channels=N",
 }
+
+
+def fail_missing_key(group: str, key: str, value: Any, error: Exception) -> None:
+    """The line for `group.key` (its unresolved `value`), which reads a key this config
+    lacks, named by OmegaConf's `error`."""
+    missing = str(error).split("'")[1] if "'" in str(error) else str(error)
+    hint = missing_key_hint(group, key, missing)
+    fail(f"{group}.{key}", value, f"{missing} does not exist in this config{hint}")
 
 
 def missing_key_hint(group: str, key: str, missing: str) -> str:
