@@ -1,9 +1,5 @@
-"""The best validation so far (`checkpoints/best`) and early stopping (`early_stop.*`).
-
-"Better" is the task's `monitor` metric in its `mode` (tasks/base.py): lower for `min`,
-higher for `max`, by more than `min_delta`. Early stopping ends a run after `patience`
-validations in a row without an improvement. The tracker's state travels in every
-checkpoint, so a resumed run counts on exactly where it stopped.
+"""The best validation so far (`checkpoints/best`) and early stopping (`early_stop.*`),
+as docs/checkpoints.md describes them; the tracker's state travels in every checkpoint.
 """
 
 from __future__ import annotations

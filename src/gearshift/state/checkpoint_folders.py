@@ -1,16 +1,9 @@
-"""Checkpoint folders that survive crashes (what they hold: state/checkpointer.py).
-
-A checkpoint is a folder, `step_000000123/`, written by torch.distributed.checkpoint (DCP):
-every rank writes its own shards (`__<rank>_0.distcp`) and rank 0 writes `.metadata` last,
-once every rank's files are complete. The ranks write into a temporary folder
-(`.step_000000123.tmp`) that rank 0 renames into place after the metadata, so a folder under
-a real name is always complete: a crash mid-save leaves the previous checkpoints untouched
-and `resume=auto` never picks a torn one. Temporary folders left by a crashed save are never
-read; the next save removes them. `best/` is the best validation so far, written the same way.
-
-Older checkpoints are single files (`step_000000123.pt`, `best.pt`: one `torch.save` by
-rank 0); they still load for resuming, evaluate, export and generate. Reading a checkpoint
-back: state/checkpoint_reads.py.
+"""Checkpoint folders that survive crashes (docs/checkpoints.md; what they hold:
+state/checkpointer.py). The ranks write `step_000000123/` into a temporary folder
+(`.step_000000123.tmp`) that rank 0 renames into place once DCP's `.metadata`, written last,
+is there: a folder under a real name is always complete, and `resume=auto` never picks a
+torn one. Older checkpoints are single files (`step_000000123.pt`, `best.pt`) that still
+load; reading a checkpoint back: state/checkpoint_reads.py.
 """
 
 from __future__ import annotations

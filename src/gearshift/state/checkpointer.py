@@ -1,26 +1,12 @@
-"""The Checkpointer: the one place that defines what a checkpoint holds.
+"""The Checkpointer: the one place that defines what a checkpoint holds (docs/checkpoints.md).
 
-A checkpoint is the state of every part registered with the Checkpointer, each under its
-own name, beside the run's config as composed, its decisions (the record summary.json's
-`gears` shows, which a resumed run repeats: what `amp=on` resolved to, the batch size
-`batch_size=auto` found) and the job's layout (world size, strategy, global batch). It is written with
-torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py), in one
-format for every strategy, a single process included:
-
-- sharded parts (model, optimizer, ema): every rank writes its own shards (FSDP: the
-  DTensor shards it holds; DDP and one process: plain tensors, each written once), keyed
-  by parameter name (torch.distributed.checkpoint.state_dict), so they load resharded at
-  any world size and strategy;
-- rank parts (rng): one object per rank (`rng_<rank>`);
-- job parts (position, scaler, best, config): rank 0's, one opaque object.
-
-The optimizer part is engine/optim.py's Optimizers: every optimizer's state and each one's
-lr schedule, in one state dict.
-
-Resuming is the reverse: the job's parts are read once per start (`read_resume`), the build
-takes the decisions it needs from them, and `restore` (state/restore.py, loaded by a
-resumed run only) hands each registered part its own state, resharded to this run.
-`checkpoint.async_save=true` writes in the background: state/async_writes.py.
+Every registered part under its own name, beside the run's config, its decisions
+(summary.json's `gears`, which a resumed run repeats) and the job's layout, written with
+torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py):
+sharded parts (`sharded = True`: model, optimizer, ema) as each rank's shards keyed by
+parameter name, so they load resharded; rank parts (rng) as one object per rank; the job's
+parts (position, scaler, best, config) as one object of rank 0's. Resuming: `read_resume`,
+then state/restore.py; `checkpoint.async_save=true`: state/async_writes.py.
 """
 
 from __future__ import annotations
@@ -31,14 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from gearshift.config.schema import CheckpointConfig
-from gearshift.engine.failures import TrainingFailed
 from gearshift.parallel.distributed import Ranks
 from gearshift.state.checkpoint_folders import (
     BEST,
@@ -55,16 +40,13 @@ from gearshift.state.checkpoint_folders import (
 from gearshift.state.position import Position
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
+
     from gearshift.state.async_writes import AsyncWrites
+    from gearshift.state.checkpoint_failures import CheckpointWriteFailed
     from gearshift.state.checkpoint_reads import Saved
 
 log = logging.getLogger(__name__)
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 def read_resume(resume: str | None, folder: Path) -> Saved | None:
@@ -132,16 +114,12 @@ class RngState:
 
 def is_sharded(part: Stateful | None) -> bool:
     """Whether `part` is saved through DCP, every rank its own shards."""
-    return part is not None and bool(getattr(part, "sharded", False))
+    return bool(getattr(part, "sharded", False))
 
 
 # Parts a checkpoint may lack: written before the part existed, or by a run without it.
 OPTIONAL = {"best", "ema"}
 RANK_PARTS = {"rng"}  # one state per rank
-
-
-class CheckpointWriteFailed(TrainingFailed):
-    """A background checkpoint write failed; the message is one line."""
 
 
 @dataclass
@@ -271,10 +249,9 @@ class Checkpointer:
 
     def _failed(self, path: Path, error: BaseException) -> CheckpointWriteFailed:
         """The one line a failed write ends the run with."""
-        from gearshift.state.checkpoint_failures import write_failure  # a failed write only
+        from gearshift.state.checkpoint_failures import write_failed  # a failed write only
 
-        async_save = self.writes is not None
-        return CheckpointWriteFailed(write_failure(path, error, async_save, self.latest()))
+        return write_failed(path, error, self.writes is not None, self.latest())
 
     def close(self, quiet: bool = False) -> None:
         """The end of the run: the last background write waited for (`quiet`: the run
