@@ -12,6 +12,7 @@ from typing import Any
 from gearshift.config import ConfigError
 from gearshift.config.schema import EarlyStopConfig
 from gearshift.tasks import Task
+from gearshift.tasks.metrics import task_name
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class BestTracker:
 
 def build_tracker(task: Task, cfg: EarlyStopConfig) -> BestTracker:
     """The tracker of `task`'s monitor metric with the `early_stop` node's settings."""
-    name = f"{type(task).__module__}.{type(task).__qualname__}"
+    name = task_name(task)
     if task.mode not in ("min", "max"):
         raise ConfigError(f"task {name}: mode={task.mode!r} is not allowed; choose min or max")
     if task.monitor not in task.metrics:

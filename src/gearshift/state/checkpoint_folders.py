@@ -47,16 +47,13 @@ def temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
-def is_complete(path: Path) -> bool:
-    """A checkpoint folder with its metadata, or an older single-file checkpoint."""
-    return (path / METADATA).is_file() if path.is_dir() else path.is_file()
-
-
 def step_checkpoints(folder: Path) -> list[tuple[int, bool, Path]]:
-    """(step, is a folder, path) of each complete step checkpoint in `folder`."""
+    """(step, is a folder, path) of each complete step checkpoint in `folder`: a folder
+    with its metadata, or an older single file."""
     found = []
     for path in folder.glob("step_*"):
-        if (match := NAME.match(path.name)) and is_complete(path):
+        complete = (path / METADATA).is_file() if path.is_dir() else path.is_file()
+        if (match := NAME.match(path.name)) and complete:
             found.append((int(match[1]), path.is_dir(), path))
     return sorted(found)
 
@@ -80,25 +77,19 @@ def clean_temporaries(folder: Path) -> None:
 def publish(tmp: Path, path: Path) -> Path:
     """Rename the complete folder `tmp` into place (over an older `path`: best/, or a step
     written again after a resume from an earlier one)."""
+    old = path.with_name(f".{path.name}.old.tmp")
     if path.exists():
-        old = path.with_name(f".{path.name}.old.tmp")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-    _sync_folder(path.parent)
-    return path
-
-
-def _sync_folder(folder: Path) -> None:
-    """The rename itself on disk (a directory's entries are flushed through its own fd)."""
-    fd = os.open(folder, os.O_RDONLY)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    # the rename itself on disk: a directory's entries are flushed through its own fd
+    fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return path
 
 
 def link_checkpoint(source: Path, path: Path) -> Path:

@@ -25,18 +25,7 @@ from torch import nn
 
 from gearshift.config.schema import CheckpointConfig
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint_folders import (
-    BEST,
-    EXTRA,
-    checkpoint_path,
-    clean_temporaries,
-    latest_checkpoint,
-    link_checkpoint,
-    publish,
-    rotate,
-    temporary,
-    to_bytes,
-)
+from gearshift.state import checkpoint_folders
 from gearshift.state.position import Position
 
 if TYPE_CHECKING:
@@ -55,7 +44,7 @@ def read_resume(resume: str | None, folder: Path) -> Saved | None:
     if resume is None:
         return None
     if resume == "auto":
-        path = latest_checkpoint(folder) if folder.is_dir() else None
+        path = checkpoint_folders.latest_checkpoint(folder) if folder.is_dir() else None
         if path is None:
             log.debug("resume=auto: no checkpoint in %s yet, starting fresh", folder)
             return None
@@ -117,8 +106,6 @@ def is_sharded(part: Stateful | None) -> bool:
     return bool(getattr(part, "sharded", False))
 
 
-# Parts a checkpoint may lack: written before the part existed, or by a run without it.
-OPTIONAL = {"best", "ema"}
 RANK_PARTS = {"rng"}  # one state per rank
 
 
@@ -175,12 +162,12 @@ class Checkpointer:
             if is_sharded(part):
                 state[name] = part.state_dict()
             elif name in RANK_PARTS:
-                state[f"{name}_{self.ranks.rank}"] = to_bytes(part.state_dict())
+                state[f"{name}_{self.ranks.rank}"] = checkpoint_folders.to_bytes(part.state_dict())
             else:
                 job[name] = None if part is None else part.state_dict()
         if self.ranks.is_zero:
             job |= {"config": self.config, "decisions": self.decisions, "layout": vars(self.layout)}  # fmt: skip
-            state[EXTRA] = to_bytes(job)
+            state[checkpoint_folders.EXTRA] = checkpoint_folders.to_bytes(job)
         return state
 
     def save(self, position: Position, check: Callable[[], None]) -> Path | None:
@@ -188,12 +175,12 @@ class Checkpointer:
         At the very position best/ was just written (and checked), its files are the
         checkpoint's."""
         self.wait()
-        path = checkpoint_path(self.folder, position.step)
+        path = checkpoint_folders.checkpoint_path(self.folder, position.step)
         if self.best_at != position.key:
             check()
             self._write(path, rotated=True)
         elif self.ranks.is_zero:
-            link_checkpoint(self.folder / BEST, path)
+            checkpoint_folders.link_checkpoint(self.folder / checkpoint_folders.BEST, path)
             self._rotated(path)
         return path if self.ranks.is_zero else None
 
@@ -201,7 +188,7 @@ class Checkpointer:
         """The state at the best validation so far, over best/."""
         self.wait()
         check()
-        self._write(self.folder / BEST, rotated=False)
+        self._write(self.folder / checkpoint_folders.BEST, rotated=False)
         self.best_at = position.key  # on every rank: save() agrees
 
     def _write(self, path: Path, rotated: bool) -> None:
@@ -213,10 +200,10 @@ class Checkpointer:
         # A tensor every rank holds (DDP's replicas) is written by rank 0: its buffers
         # (BatchNorm's statistics) are the ones DDP broadcasts to the others at each step.
         planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
-        tmp = temporary(path)
+        tmp = checkpoint_folders.temporary(path)
         if self.ranks.is_zero:  # no rank writes a file before DCP's first collective
             self.folder.mkdir(parents=True, exist_ok=True)
-            clean_temporaries(self.folder)
+            checkpoint_folders.clean_temporaries(self.folder)
         state = self.state()
         if self.writes is not None:
             self.writes.write(state, tmp, path, planner, partial(self._finish, tmp, path, rotated))
@@ -232,14 +219,14 @@ class Checkpointer:
     def _finish(self, tmp: Path, path: Path, rotated: bool) -> None:
         if not self.ranks.is_zero:
             return
-        publish(tmp, path)
+        checkpoint_folders.publish(tmp, path)
         if rotated:
             self._rotated(path)
         else:
             log.info("best checkpoint: %s", path)
 
     def _rotated(self, path: Path) -> None:
-        rotate(self.folder, self.keep)
+        checkpoint_folders.rotate(self.folder, self.keep)
         log.info("checkpoint: %s", path)
 
     def wait(self) -> None:
@@ -260,8 +247,8 @@ class Checkpointer:
             self.writes.close(quiet)
 
     def latest(self) -> Path | None:
-        return latest_checkpoint(self.folder) if self.folder.is_dir() else None
+        return checkpoint_folders.latest_checkpoint(self.folder) if self.folder.is_dir() else None
 
     @property
     def best_path(self) -> str:
-        return f"{self.folder.name}/{BEST}"
+        return f"{self.folder.name}/{checkpoint_folders.BEST}"

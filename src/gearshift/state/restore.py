@@ -26,12 +26,15 @@ from gearshift.state.checkpoint_reads import (
     read_metadata,
     shapes,
 )
-from gearshift.state.checkpointer import OPTIONAL, RANK_PARTS, Checkpointer, is_sharded
+from gearshift.state.checkpointer import RANK_PARTS, Checkpointer, is_sharded
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
 
 log = logging.getLogger(__name__)
+
+# Parts a checkpoint may lack: written before the part existed, or by a run without it.
+OPTIONAL = {"best", "ema"}
 
 
 def restore(checkpointer: Checkpointer, saved: Saved) -> None:
