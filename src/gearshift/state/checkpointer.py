@@ -41,18 +41,11 @@ log = logging.getLogger(__name__)
 def read_resume(resume: str | None, folder: Path) -> Saved | None:
     """The checkpoint `resume` names (null: none; auto: the newest in `folder`, if any; else
     a path), read once; or None."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        path = checkpoint_folders.latest_checkpoint(folder) if folder.is_dir() else None
-        if path is None:
-            log.debug("resume=auto: no checkpoint in %s yet, starting fresh", folder)
-            return None
-    else:
-        path = Path(resume)
-    from gearshift.state.checkpoint_reads import Saved, read_state  # resuming
+    if resume is None or (resume == "auto" and not folder.is_dir()):
+        return None  # resume=auto in a new run folder: nothing to resume yet
+    from gearshift.state.checkpoint_reads import read_named  # a checkpoint to find and read
 
-    return Saved(path, read_state(path))
+    return read_named(resume, folder)
 
 
 class ModelState:
