@@ -19,9 +19,10 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from gearshift import evaluate, export
 from gearshift.reporting import RunResult
+from gearshift.state.checkpoint_failures import CheckpointWriteFailed
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.state.checkpoint_reads import load_checkpoint
-from gearshift.state.checkpointer import CheckpointWriteFailed, RngState
+from gearshift.state.checkpointer import RngState
 from gearshift.state.preemption import TrainingStopped
 from train import fit
 

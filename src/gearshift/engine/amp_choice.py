@@ -1,5 +1,6 @@
 """The autocast dtype `amp=on`, `amp=bf16` and `amp=fp16` resolve to, and why (for the log
-and summary.json). Loaded only where amp is not off (engine/precision.py resolve_amp).
+and summary.json), each dtype by its short name. Loaded only where amp is not off
+(engine/precision.py resolve_amp), and by the advisor.
 
 `amp=bf16` and `amp=fp16` are forced as asked. `amp=on` resolves against the machine it runs
 on. On CUDA it is bf16 where the GPU supports it, else fp16. On a CPU, where bf16 and fp16
@@ -11,8 +12,6 @@ float32 itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 Choice = tuple[torch.dtype | None, str]  # the dtype (None: float32) and why
@@ -20,9 +19,15 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 SWITCHES = {"auto": "amp=on", "bfloat16": "amp=bf16", "float16": "amp=fp16"}
 
 
-def choose(choice: str, device: torch.device, short_name: Callable[[torch.dtype], str]) -> Choice:
-    """amp.dtype ("auto", "bfloat16" or "float16") -> the autocast dtype and why, each dtype
-    named by `short_name` (precision.py's): never a dtype a CPU measures slower than float32."""
+def short_name(dtype: torch.dtype | None) -> str:
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "float32"}.get(
+        dtype, str(dtype).removeprefix("torch.")
+    )
+
+
+def choose(choice: str, device: torch.device) -> Choice:
+    """amp.dtype ("auto", "bfloat16" or "float16") -> the autocast dtype and why: never a
+    dtype a CPU measures slower than float32."""
     if choice != "auto":
         dtype = DTYPES[choice]
         return dtype, f"{short_name(dtype)}: forced by {SWITCHES[choice]}"

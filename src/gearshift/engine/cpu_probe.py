@@ -119,7 +119,7 @@ def cpu_kernels(dtype: torch.dtype, name: str) -> str:
 def choose_on_cpu(short_name: Callable[[torch.dtype], str]) -> tuple[torch.dtype | None, str]:
     """amp=on on this CPU: the first candidate measured about as fast as float32 (fp16 only
     where native kernels are reported), else float32 (None); with the reason, each dtype
-    named by `short_name` (precision.py's)."""
+    named by `short_name` (amp_choice.py's)."""
     rejected = []
     for dtype in CANDIDATES:
         name = short_name(dtype)

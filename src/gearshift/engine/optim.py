@@ -71,18 +71,15 @@ class Builtin:
     was skipped met torch's warning of a schedule stepped out of order."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[int], float]):
-        self.optimizer, self.factor, self.last_epoch = optimizer, factor, 0
+        self.optimizer, self.factor, self.last_epoch = optimizer, factor, -1
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
-        self._set()
-
-    def _set(self) -> None:
-        for group in self.optimizer.param_groups:
-            group["lr"] = group["initial_lr"] * self.factor(self.last_epoch)
+        self.step()  # to step 0's lr
 
     def step(self) -> None:
         self.last_epoch += 1
-        self._set()
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.factor(self.last_epoch)
 
     def state_dict(self) -> dict[str, Any]:
         return {"last_epoch": self.last_epoch}
@@ -134,19 +131,13 @@ def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Op
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
     """The total L2 norm of the gradients of the whole model, a tensor left on the device
     (no host sync); with `max_norm`, gradients whose norm exceeds it are scaled down to it.
-
-    Call it on true gradients: under fp16, after the GradScaler has unscaled them. Under DDP
-    every rank holds the all-reduced gradients, so its norm is the global one already. Under
-    FSDP each rank holds DTensor shards: torch (2.14) reduces the shards' partial norms
-    across ranks inside get_total_norm and returns a replicated DTensor, which
-    `full_tensor()` turns into a plain tensor (no further communication) for clipping and
-    logging. So every rank clips with the norm over all shards, never its own shard's
-    (tests/test_distributed.py checks both against one process).
-    """
+    Call it on true gradients (fp16: unscaled). Under DDP and FSDP every rank gets the norm
+    over all the gradients, never its own shard's (docs/gears.md, "Gradient clipping";
+    tests/test_distributed.py checks both against one process)."""
     parameters = [p for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    if isinstance(total, DTensor):  # FSDP: torch reduced the shards' norms, replicated
+        total = total.full_tensor()  # a plain tensor, no further communication
     if max_norm is not None:
         torch.nn.utils.clip_grads_with_norm_(parameters, max_norm, total)
     return total
@@ -177,12 +168,8 @@ def schedule_factor(optimizer_cfg: DictConfig, total_steps: int) -> Callable[[in
 
 class Optimizers:
     """The run's optimizers as one stateful thing: the torch optimizers (one; optimizer=muon:
-    Muon on the hidden matrices and AdamW on the rest), each with its lr schedule.
-
-    The loop steps, zeroes and schedules them here (fp16: through the GradScaler,
-    engine/loss_scaling.py), and the checkpointer saves `state_dict()`: every optimizer's
-    state keyed by parameter name (torch.distributed.checkpoint's helpers, so it loads
-    resharded at any world size and strategy) beside the schedules' counters."""
+    Muon on the hidden matrices and AdamW on the rest), each with its lr schedule, which
+    the loop steps, zeroes and schedules here (fp16: through engine/loss_scaling.py)."""
 
     sharded = True  # the checkpointer writes each rank's shards (state/checkpointer.py)
 
@@ -224,8 +211,9 @@ class Optimizers:
             schedule.step()
 
     def state_dict(self) -> dict[str, Any]:
-        """{"state": by parameter name, "param_groups": ..., "schedules": [...]}; under FSDP
-        this rank's shards. An optimizer without state yet saves none."""
+        """{"state": by parameter name (torch.distributed.checkpoint's helpers: it loads
+        resharded), "param_groups": ..., "schedules": [...]}; under FSDP this rank's shards.
+        An optimizer without state yet saves none."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         state = get_optimizer_state_dict(self.model, self.optimizers)

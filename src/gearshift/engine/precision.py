@@ -16,12 +16,6 @@ if TYPE_CHECKING:
     from gearshift.engine.optim import Optimizers
 
 
-def short_name(dtype: torch.dtype | None) -> str:
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", None: "float32"}.get(
-        dtype, str(dtype).removeprefix("torch.")
-    )
-
-
 @dataclass(frozen=True)
 class AmpChoice:
     dtype: torch.dtype | None  # None: float32, no autocast
@@ -39,7 +33,7 @@ def resolve_amp(choice: str, device: torch.device) -> AmpChoice:
         return AmpChoice(None, "float32: amp=off")
     from gearshift.engine.amp_choice import choose  # amp=on, bf16, fp16
 
-    return AmpChoice(*choose(choice, device, short_name))
+    return AmpChoice(*choose(choice, device))
 
 
 def resolve_amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:

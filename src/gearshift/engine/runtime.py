@@ -29,11 +29,6 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # seeds every CUDA device too
 
 
-# cuBLAS is deterministic only with a fixed workspace (CUDA >= 10.2); PyTorch raises for
-# cuBLAS calls under use_deterministic_algorithms without one of its two settings.
-CUBLAS_WORKSPACE_CONFIG = ":4096:8"
-
-
 def deterministic_on(choice: bool | str) -> bool:
     """The `deterministic` key: false, true, or warn (on, but an op without a deterministic
     kernel warns instead of raising)."""
@@ -44,7 +39,9 @@ def want_cublas_workspace(deterministic: bool | str) -> None:
     """Set CUBLAS_WORKSPACE_CONFIG (unless the user did): cuBLAS reads it when it starts,
     so this must run before the process's first matmul on CUDA."""
     if deterministic_on(deterministic):
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
+        # cuBLAS is deterministic only with a fixed workspace (CUDA >= 10.2); PyTorch raises
+        # for cuBLAS calls under use_deterministic_algorithms without one of its two settings.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def configure_determinism(deterministic: bool | str) -> None:

@@ -25,7 +25,8 @@ from itertools import pairwise
 import torch
 from torch import fx, nn
 
-from gearshift.engine.precision import resolve_amp, short_name
+from gearshift.engine.amp_choice import short_name
+from gearshift.engine.precision import resolve_amp
 from gearshift.models.blocks import recompute_disabled
 from gearshift.models.factory import resolve_compile
 from gearshift.observe.advisor_base import CONV, Finding, Nodes, Subject, named, unwrapped

@@ -26,7 +26,7 @@ class AsyncWrites:
 
     def __init__(self, failed: Callable[[Path, BaseException], TrainingFailed]) -> None:
         """`failed(path, error)`: the exception a failed write of `path` ends the run with
-        (the Checkpointer's CheckpointWriteFailed)."""
+        (state/checkpoint_failures.py's CheckpointWriteFailed)."""
         self.failed = failed
         self.pending: tuple[Path, Future] | None = None  # a write in flight and its folder
         self.group = None  # the writes' own process group: their collectives run beside the loop's

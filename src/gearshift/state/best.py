@@ -1,9 +1,5 @@
-"""The best validation so far (`checkpoints/best`) and early stopping (`early_stop.*`).
-
-"Better" is the task's `monitor` metric in its `mode` (tasks/base.py): lower for `min`,
-higher for `max`, by more than `min_delta`. Early stopping ends a run after `patience`
-validations in a row without an improvement. The tracker's state travels in every
-checkpoint, so a resumed run counts on exactly where it stopped.
+"""The best validation so far (`checkpoints/best`) and early stopping (`early_stop.*`),
+as docs/checkpoints.md describes them; the tracker's state travels in every checkpoint.
 """
 
 from __future__ import annotations
@@ -16,6 +12,7 @@ from typing import Any
 from gearshift.config import ConfigError
 from gearshift.config.schema import EarlyStopConfig
 from gearshift.tasks import Task
+from gearshift.tasks.metrics import task_name
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +73,7 @@ class BestTracker:
 
 def build_tracker(task: Task, cfg: EarlyStopConfig) -> BestTracker:
     """The tracker of `task`'s monitor metric with the `early_stop` node's settings."""
-    name = f"{type(task).__module__}.{type(task).__qualname__}"
+    name = task_name(task)
     if task.mode not in ("min", "max"):
         raise ConfigError(f"task {name}: mode={task.mode!r} is not allowed; choose min or max")
     if task.monitor not in task.metrics:

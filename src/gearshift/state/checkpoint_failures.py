@@ -6,6 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gearshift.engine.failures import TrainingFailed
+
+
+class CheckpointWriteFailed(TrainingFailed):
+    """A checkpoint write failed; the message is one line."""
+
 
 def describe_failure(error: BaseException) -> str:
     """One line for what failed in a DCP save or load (its CheckpointException carries
@@ -19,11 +25,13 @@ def describe_failure(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0]}"
 
 
-def write_failure(path: Path, error: BaseException, async_save: bool, latest: Path | None) -> str:
+def write_failed(
+    path: Path, error: BaseException, async_save: bool, latest: Path | None
+) -> CheckpointWriteFailed:
     """A failed write of `path` (the run's checkpoints stay as they were: the torn folder is
     temporary, removed by the next save); `latest`: the newest complete checkpoint."""
     how = "checkpoint.async_save: writing" if async_save else "writing checkpoint"
-    return (
+    return CheckpointWriteFailed(
         f"{how} {path} failed ({describe_failure(error)}); the newest complete "
         f"checkpoint is {latest}"
     )

@@ -1,16 +1,9 @@
-"""Checkpoint folders that survive crashes (what they hold: state/checkpointer.py).
-
-A checkpoint is a folder, `step_000000123/`, written by torch.distributed.checkpoint (DCP):
-every rank writes its own shards (`__<rank>_0.distcp`) and rank 0 writes `.metadata` last,
-once every rank's files are complete. The ranks write into a temporary folder
-(`.step_000000123.tmp`) that rank 0 renames into place after the metadata, so a folder under
-a real name is always complete: a crash mid-save leaves the previous checkpoints untouched
-and `resume=auto` never picks a torn one. Temporary folders left by a crashed save are never
-read; the next save removes them. `best/` is the best validation so far, written the same way.
-
-Older checkpoints are single files (`step_000000123.pt`, `best.pt`: one `torch.save` by
-rank 0); they still load for resuming, evaluate, export and generate. Reading a checkpoint
-back: state/checkpoint_reads.py.
+"""Checkpoint folders that survive crashes (docs/checkpoints.md; what they hold:
+state/checkpointer.py). The ranks write `step_000000123/` into a temporary folder
+(`.step_000000123.tmp`) that rank 0 renames into place once DCP's `.metadata`, written last,
+is there: a folder under a real name is always complete, and `resume=auto` never picks a
+torn one. Older checkpoints are single files (`step_000000123.pt`, `best.pt`) that still
+load; reading a checkpoint back: state/checkpoint_reads.py.
 """
 
 from __future__ import annotations
@@ -54,16 +47,13 @@ def temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
-def is_complete(path: Path) -> bool:
-    """A checkpoint folder with its metadata, or an older single-file checkpoint."""
-    return (path / METADATA).is_file() if path.is_dir() else path.is_file()
-
-
 def step_checkpoints(folder: Path) -> list[tuple[int, bool, Path]]:
-    """(step, is a folder, path) of each complete step checkpoint in `folder`."""
+    """(step, is a folder, path) of each complete step checkpoint in `folder`: a folder
+    with its metadata, or an older single file."""
     found = []
     for path in folder.glob("step_*"):
-        if (match := NAME.match(path.name)) and is_complete(path):
+        complete = (path / METADATA).is_file() if path.is_dir() else path.is_file()
+        if (match := NAME.match(path.name)) and complete:
             found.append((int(match[1]), path.is_dir(), path))
     return sorted(found)
 
@@ -87,25 +77,19 @@ def clean_temporaries(folder: Path) -> None:
 def publish(tmp: Path, path: Path) -> Path:
     """Rename the complete folder `tmp` into place (over an older `path`: best/, or a step
     written again after a resume from an earlier one)."""
+    old = path.with_name(f".{path.name}.old.tmp")
     if path.exists():
-        old = path.with_name(f".{path.name}.old.tmp")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, path)
-    _sync_folder(path.parent)
-    return path
-
-
-def _sync_folder(folder: Path) -> None:
-    """The rename itself on disk (a directory's entries are flushed through its own fd)."""
-    fd = os.open(folder, os.O_RDONLY)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    # the rename itself on disk: a directory's entries are flushed through its own fd
+    fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return path
 
 
 def link_checkpoint(source: Path, path: Path) -> Path:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gearshift.state.checkpoint_folders import EXTRA, METADATA, CheckpointError
+from gearshift.state.checkpoint_folders import EXTRA, METADATA, CheckpointError, latest_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,19 @@ class Saved:
         if isinstance(kept.get("amp"), dict):  # {"amp": {"dtype", "reason"}}
             return {"amp": kept["amp"]["dtype"], "amp_reason": kept["amp"]["reason"]}
         return kept
+
+
+def read_named(resume: str, folder: Path) -> Saved | None:
+    """The checkpoint `resume` names (auto: the newest in `folder`, if any; else a path),
+    read once (state/checkpointer.py read_resume); or None."""
+    if resume == "auto":
+        path = latest_checkpoint(folder)
+        if path is None:
+            log.debug("resume=auto: no checkpoint in %s yet, starting fresh", folder)
+            return None
+    else:
+        path = Path(resume)
+    return Saved(path, read_state(path))
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -1,26 +1,12 @@
-"""The Checkpointer: the one place that defines what a checkpoint holds.
+"""The Checkpointer: the one place that defines what a checkpoint holds (docs/checkpoints.md).
 
-A checkpoint is the state of every part registered with the Checkpointer, each under its
-own name, beside the run's config as composed, its decisions (the record summary.json's
-`gears` shows, which a resumed run repeats: what `amp=on` resolved to, the batch size
-`batch_size=auto` found) and the job's layout (world size, strategy, global batch). It is written with
-torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py), in one
-format for every strategy, a single process included:
-
-- sharded parts (model, optimizer, ema): every rank writes its own shards (FSDP: the
-  DTensor shards it holds; DDP and one process: plain tensors, each written once), keyed
-  by parameter name (torch.distributed.checkpoint.state_dict), so they load resharded at
-  any world size and strategy;
-- rank parts (rng): one object per rank (`rng_<rank>`);
-- job parts (position, scaler, best, config): rank 0's, one opaque object.
-
-The optimizer part is engine/optim.py's Optimizers: every optimizer's state and each one's
-lr schedule, in one state dict.
-
-Resuming is the reverse: the job's parts are read once per start (`read_resume`), the build
-takes the decisions it needs from them, and `restore` (state/restore.py, loaded by a
-resumed run only) hands each registered part its own state, resharded to this run.
-`checkpoint.async_save=true` writes in the background: state/async_writes.py.
+Every registered part under its own name, beside the run's config, its decisions
+(summary.json's `gears`, which a resumed run repeats) and the job's layout, written with
+torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py):
+sharded parts (`sharded = True`: model, optimizer, ema) as each rank's shards keyed by
+parameter name, so they load resharded; rank parts (rng) as one object per rank; the job's
+parts (position, scaler, best, config) as one object of rank 0's. Resuming: `read_resume`,
+then state/restore.py; `checkpoint.async_save=true`: state/async_writes.py.
 """
 
 from __future__ import annotations
@@ -31,57 +17,35 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from gearshift.config.schema import CheckpointConfig
-from gearshift.engine.failures import TrainingFailed
 from gearshift.parallel.distributed import Ranks
-from gearshift.state.checkpoint_folders import (
-    BEST,
-    EXTRA,
-    checkpoint_path,
-    clean_temporaries,
-    latest_checkpoint,
-    link_checkpoint,
-    publish,
-    rotate,
-    temporary,
-    to_bytes,
-)
+from gearshift.state import checkpoint_folders
 from gearshift.state.position import Position
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
+
     from gearshift.state.async_writes import AsyncWrites
+    from gearshift.state.checkpoint_failures import CheckpointWriteFailed
     from gearshift.state.checkpoint_reads import Saved
 
 log = logging.getLogger(__name__)
 
 
-class Stateful(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
 def read_resume(resume: str | None, folder: Path) -> Saved | None:
     """The checkpoint `resume` names (null: none; auto: the newest in `folder`, if any; else
     a path), read once; or None."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        path = latest_checkpoint(folder) if folder.is_dir() else None
-        if path is None:
-            log.debug("resume=auto: no checkpoint in %s yet, starting fresh", folder)
-            return None
-    else:
-        path = Path(resume)
-    from gearshift.state.checkpoint_reads import Saved, read_state  # resuming
+    if resume is None or (resume == "auto" and not folder.is_dir()):
+        return None  # resume=auto in a new run folder: nothing to resume yet
+    from gearshift.state.checkpoint_reads import read_named  # a checkpoint to find and read
 
-    return Saved(path, read_state(path))
+    return read_named(resume, folder)
 
 
 class ModelState:
@@ -132,16 +96,10 @@ class RngState:
 
 def is_sharded(part: Stateful | None) -> bool:
     """Whether `part` is saved through DCP, every rank its own shards."""
-    return part is not None and bool(getattr(part, "sharded", False))
+    return bool(getattr(part, "sharded", False))
 
 
-# Parts a checkpoint may lack: written before the part existed, or by a run without it.
-OPTIONAL = {"best", "ema"}
 RANK_PARTS = {"rng"}  # one state per rank
-
-
-class CheckpointWriteFailed(TrainingFailed):
-    """A background checkpoint write failed; the message is one line."""
 
 
 @dataclass
@@ -197,12 +155,12 @@ class Checkpointer:
             if is_sharded(part):
                 state[name] = part.state_dict()
             elif name in RANK_PARTS:
-                state[f"{name}_{self.ranks.rank}"] = to_bytes(part.state_dict())
+                state[f"{name}_{self.ranks.rank}"] = checkpoint_folders.to_bytes(part.state_dict())
             else:
                 job[name] = None if part is None else part.state_dict()
         if self.ranks.is_zero:
             job |= {"config": self.config, "decisions": self.decisions, "layout": vars(self.layout)}  # fmt: skip
-            state[EXTRA] = to_bytes(job)
+            state[checkpoint_folders.EXTRA] = checkpoint_folders.to_bytes(job)
         return state
 
     def save(self, position: Position, check: Callable[[], None]) -> Path | None:
@@ -210,12 +168,12 @@ class Checkpointer:
         At the very position best/ was just written (and checked), its files are the
         checkpoint's."""
         self.wait()
-        path = checkpoint_path(self.folder, position.step)
+        path = checkpoint_folders.checkpoint_path(self.folder, position.step)
         if self.best_at != position.key:
             check()
             self._write(path, rotated=True)
         elif self.ranks.is_zero:
-            link_checkpoint(self.folder / BEST, path)
+            checkpoint_folders.link_checkpoint(self.folder / checkpoint_folders.BEST, path)
             self._rotated(path)
         return path if self.ranks.is_zero else None
 
@@ -223,7 +181,7 @@ class Checkpointer:
         """The state at the best validation so far, over best/."""
         self.wait()
         check()
-        self._write(self.folder / BEST, rotated=False)
+        self._write(self.folder / checkpoint_folders.BEST, rotated=False)
         self.best_at = position.key  # on every rank: save() agrees
 
     def _write(self, path: Path, rotated: bool) -> None:
@@ -235,10 +193,10 @@ class Checkpointer:
         # A tensor every rank holds (DDP's replicas) is written by rank 0: its buffers
         # (BatchNorm's statistics) are the ones DDP broadcasts to the others at each step.
         planner = DefaultSavePlanner(dedup_save_to_lowest_rank=True)
-        tmp = temporary(path)
+        tmp = checkpoint_folders.temporary(path)
         if self.ranks.is_zero:  # no rank writes a file before DCP's first collective
             self.folder.mkdir(parents=True, exist_ok=True)
-            clean_temporaries(self.folder)
+            checkpoint_folders.clean_temporaries(self.folder)
         state = self.state()
         if self.writes is not None:
             self.writes.write(state, tmp, path, planner, partial(self._finish, tmp, path, rotated))
@@ -254,14 +212,14 @@ class Checkpointer:
     def _finish(self, tmp: Path, path: Path, rotated: bool) -> None:
         if not self.ranks.is_zero:
             return
-        publish(tmp, path)
+        checkpoint_folders.publish(tmp, path)
         if rotated:
             self._rotated(path)
         else:
             log.info("best checkpoint: %s", path)
 
     def _rotated(self, path: Path) -> None:
-        rotate(self.folder, self.keep)
+        checkpoint_folders.rotate(self.folder, self.keep)
         log.info("checkpoint: %s", path)
 
     def wait(self) -> None:
@@ -271,10 +229,9 @@ class Checkpointer:
 
     def _failed(self, path: Path, error: BaseException) -> CheckpointWriteFailed:
         """The one line a failed write ends the run with."""
-        from gearshift.state.checkpoint_failures import write_failure  # a failed write only
+        from gearshift.state.checkpoint_failures import write_failed  # a failed write only
 
-        async_save = self.writes is not None
-        return CheckpointWriteFailed(write_failure(path, error, async_save, self.latest()))
+        return write_failed(path, error, self.writes is not None, self.latest())
 
     def close(self, quiet: bool = False) -> None:
         """The end of the run: the last background write waited for (`quiet`: the run
@@ -283,8 +240,8 @@ class Checkpointer:
             self.writes.close(quiet)
 
     def latest(self) -> Path | None:
-        return latest_checkpoint(self.folder) if self.folder.is_dir() else None
+        return checkpoint_folders.latest_checkpoint(self.folder) if self.folder.is_dir() else None
 
     @property
     def best_path(self) -> str:
-        return f"{self.folder.name}/{BEST}"
+        return f"{self.folder.name}/{checkpoint_folders.BEST}"

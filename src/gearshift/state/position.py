@@ -1,13 +1,7 @@
-"""Where training stands, and the data position a resumed run continues from.
-
-The data position is a count of samples, not of batches: how many of the epoch's
-samples (its `(seed, epoch)` order, data/loading_base.py `epoch_order`) the whole job has
-trained on. A run resumes at that sample on whatever ranks it comes back with and with
-whatever batch size: the loaders deal the epoch's remaining samples to the new ranks in
-turn, so every sample of the interrupted epoch is trained once, also when the job comes
-back on fewer nodes or with another per-device batch. (Counting batches would go wrong as
-soon as the global batch changes: 2 ranks x 16 stopped after 15 batches had consumed 480
-samples; 1 x 16 resuming at batch 15 would start at sample 240.)
+"""Where training stands, and the data position a resumed run continues from: a count of
+the epoch's samples (its `(seed, epoch)` order, data/loading_base.py `epoch_order`) the
+whole job trained on, not of batches, so a run that comes back on other ranks or with
+another batch size trains each remaining sample of the epoch once (docs/checkpoints.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Schedulers warn before they kill: SIGTERM (SLURM, Kubernetes, torchrun), SIGUSR1 (SLURM's
---signal) or SIGUSR2 (what submitit asks SLURM to send before the time limit and on
-preemption). This turns each into a flag the loop checks between steps, so the run can save
-a checkpoint and stop cleanly instead of dying mid-step.
-
-Whoever handled the signal before (submitit requeues the SLURM job from its handler) gets
-it once the checkpoint is saved: see `TrainingStopped.handover`.
-
-A rank of several also stops this way on SIGINT: Ctrl-C reaches every process of the
-terminal's job, and torchrun (or `distributed.nproc_per_node`) passes SIGINT on to its
-ranks; a rank killed by it mid-collective would leave the others waiting. A single process
-keeps Python's KeyboardInterrupt.
+"""Stop signals as a flag the loop checks between steps, so the run saves a checkpoint and
+stops cleanly instead of dying mid-step (which signals, and why: docs/checkpoints.md and
+docs/distributed.md, "Stopping a run of several ranks"). Whoever handled the signal before
+(submitit requeues the SLURM job from its handler) gets it once the checkpoint is saved:
+`TrainingStopped.handover`. A single process keeps Python's KeyboardInterrupt on SIGINT.
 """
 
 from __future__ import annotations

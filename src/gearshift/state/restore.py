@@ -10,7 +10,7 @@ each rank is reseeded from (seed, rank, step), since a rank's stream has no coun
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,9 +26,15 @@ from gearshift.state.checkpoint_reads import (
     read_metadata,
     shapes,
 )
-from gearshift.state.checkpointer import OPTIONAL, RANK_PARTS, Checkpointer, Stateful, is_sharded
+from gearshift.state.checkpointer import RANK_PARTS, Checkpointer, is_sharded
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
 
 log = logging.getLogger(__name__)
+
+# Parts a checkpoint may lack: written before the part existed, or by a run without it.
+OPTIONAL = {"best", "ema"}
 
 
 def restore(checkpointer: Checkpointer, saved: Saved) -> None:

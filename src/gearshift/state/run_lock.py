@@ -1,10 +1,8 @@
-"""A run folder has one writer: an exclusive lock on `<run dir>/.lock` for the run's life.
-
-The lock is the kernel's (`flock`), so it goes with the process that holds it, however that
-process ends: a run killed by SIGKILL leaves no stale lock to block its resume. The file
-holds the holder's pid, for the one line a second process ends with. The ranks of one job
-share their job's lock: the process that starts them (the local launcher) or rank 0 holds it.
-On NFS, Linux maps flock to the server's byte-range locks, which hold across nodes.
+"""A run folder has one writer: the kernel's exclusive lock (`flock`) on `<run dir>/.lock`
+for the run's life, so it goes with its process however that ends (docs/checkpoints.md).
+The file holds the holder's pid, for the line a second process ends with. The ranks of one
+job share their job's lock: the local launcher or rank 0 holds it. On NFS, Linux maps flock
+to the server's byte-range locks, which hold across nodes.
 """
 
 from __future__ import annotations

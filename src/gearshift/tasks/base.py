@@ -1,23 +1,10 @@
-"""The Task seam: everything about a run that depends on what is being learnt.
+"""The Task seam: everything about a run that depends on what is being learnt
+(docs/make-it-yours.md, "The task": what the loop and validation ask of one, and when).
 
-A task receives each batch as the data loader yields it, already on the training device:
-an `(inputs, targets)` pair as the built-in sources give it, a dict of named fields, or any
-nesting of tuples, lists and dicts of tensors, every tensor copied (4-D images in the
-model's layout, normalised and augmented there). The built-in tasks read a pair, or a
-dict's fields by name (`split`: `input_fields` / `target_fields`, first present wins, or
-the names `data.fields` gives); a task of your own may read the batch any way it likes.
-The loop (train.py) runs `loss` under autocast for every micro-batch and reads nothing back from
-the device between log steps: a task returns tensors, never Python numbers. `loss` may
-return terms beside the loss, `(loss, {name: tensor})`: the loop sums them on the
-device like the loss and logs their means as train/<name> at log steps, in the same host
-read. Validation runs `eval_step` under `torch.inference_mode()` for every batch and
-updates each metric (`val_metrics`, torchmetrics.Metric accumulators, plus those the
-`task.metrics` node adds) with its (predictions, targets); each metric is computed, synced
-over the ranks, once at the end.
-
-A task of your own subclasses `Task` and is chosen from the command line by its
-`_target_` (`task._target_=mypackage.MyTask`), with its constructor's arguments as the
-other keys of the `task` node.
+A task receives each batch whole, as the loader yields it, already on the device, and
+returns tensors, never Python numbers: the loop reads nothing back between log steps. A task
+of your own subclasses `Task`, chosen by `task._target_` with its constructor's arguments as
+the `task` node's other keys.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Validation metrics as accumulators: `torchmetrics.Metric`s, updated with each validation
-batch's (predictions, targets) on the device, synced across ranks once, when computed.
-
-A task's own metrics (`Task.val_metrics`) and those the command line adds
-(`task.metrics.<name>._target_`, any torchmetrics class: tasks/added_metrics.py) are alike:
-`update(predictions, targets)` per batch, `compute()` at the end of a validation, `reset()`
-before the next. `Mean` here is the built-in tasks' small one: the mean of a per-element
-quantity, kept as two sums on the device (no host read while validating); classification's
-two are here, regression's and the language model's beside their tasks.
+batch's (predictions, targets) on the device, synced across ranks once, when computed
+(docs/make-it-yours.md, "The task"); their check on the example batch before the run.
+`Mean` is the built-in tasks' small one (two sums on the device); classification's two are
+here, regression's and the language model's beside their tasks.
 """
 
 from __future__ import annotations
