@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+from test_sweeps import TINY as SWEEP_TINY  # the sweeps' small run; the preset picks batch_size
 
 from gearshift.state import run_lock
 from gearshift.state.checkpoint_folders import latest_checkpoint
@@ -776,23 +777,11 @@ def test_the_optuna_preset_takes_the_tasks_direction(overrides, direction):
     assert OmegaConf.select(cfg, "hydra.sweeper.direction") == direction
 
 
-# the preset's own search: TINY without its batch size, so the preset's choice of it acts
-PRESET_TINY = (
-    "model=mlp",
-    "progress_bar=false",
-    "data.num_samples=256",
-    "data.num_val_samples=64",
-    "data.image_size=16",
-    "max_steps=2",
-    "warmup_steps=0",
-)
-
-
 @pytest.mark.slow  # covered fast: docs/optuna.md's lr_batch search, the best of test_optuna_sweeper
 def test_optuna_search_over_lr_and_batch_size_maximises_the_val_accuracy(tmp_path):
     sweep_dir = tmp_path / "search"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "-m", *PRESET_TINY, "logger=none",
+        [sys.executable, str(ROOT / "train.py"), "-m", *SWEEP_TINY, "logger=none",
          "hparams_search=lr_batch", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep_dir}"],
         cwd=tmp_path, env=env(tmp_path), capture_output=True, text=True, timeout=seconds(300),
     )  # fmt: skip
