@@ -15,7 +15,7 @@ from torch import nn
 
 from gearshift.advise import build_on_meta
 from gearshift.advise import main as advise_main
-from gearshift.build import advise_config
+from gearshift.config_advice import advise_config
 from train import fit
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # the advisor never touches the device

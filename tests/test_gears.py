@@ -15,7 +15,7 @@ from torch import nn
 from gearshift.data.host_loader import build_loader, loader_workers
 from gearshift.engine import cpu_probe, precision
 from gearshift.engine.optim import Optimizers
-from gearshift.engine.precision import Precision, resolve_amp, resolve_amp_dtype
+from gearshift.engine.precision import Precision, resolve_amp
 from train import fit
 
 CPU = torch.device("cpu")
@@ -55,9 +55,9 @@ def test_amp_on_stays_float32_on_a_cpu_that_emulates_bf16_and_fp16(monkeypatch):
 
 def test_amp_on_tolerates_probe_noise_but_not_a_real_slowdown(monkeypatch):
     fake_cpu_speed(monkeypatch, 0.95)  # within 10% of float32: noise, bf16 stays
-    assert resolve_amp_dtype("auto", CPU) == torch.bfloat16
+    assert resolve_amp("auto", CPU).dtype == torch.bfloat16
     fake_cpu_speed(monkeypatch, 0.8)
-    assert resolve_amp_dtype("auto", CPU) is None
+    assert resolve_amp("auto", CPU).dtype is None
 
 
 @pytest.mark.parametrize("fp16_speed", [1.3, 0.5])

@@ -100,6 +100,7 @@ NOT_CONFIGURED = (
     "gearshift.run_endings",  # a run stopped, or refused; plan=on
     "gearshift.observe.trial",  # trial.reporter: a run that is a study's trial
     "gearshift.run_plan",  # batch_size=auto, plan.check=true
+    "gearshift.config_advice",  # advise=true, python -m gearshift.advise
     "gearshift.observe.analytic_flops",  # a model with flops_per_token: model=gpt
     "gearshift.observe.loss_skip",  # on_nonfinite=skip
     "gearshift.state.budget",  # max_tokens, a resumed run

@@ -12,7 +12,7 @@ from helpers import CONF, make_cfg, task_of
 from torch import nn
 
 from gearshift.app import preflight
-from gearshift.build import advise_config
+from gearshift.config_advice import advise_config
 from gearshift.data.tokens import entropy_rate, markov_chain
 from gearshift.engine.optim import build_optimizers
 from gearshift.engine.precision import Precision

@@ -24,6 +24,7 @@ from train import fit
 # checking layer, whose checks read the root by design.
 BELOW = (
     "gearshift.run_plan",
+    "gearshift.config_advice",
     "gearshift.batch_finder",
     "gearshift.observe",
     "gearshift.state",
@@ -41,6 +42,8 @@ KIN = {
     # its two questions from the builder (batch_size=auto's first guess on CUDA, plan.check),
     # in a module of their own so that a run asking neither does not load them
     "gearshift.run_plan": "the planner's questions from the builder",
+    # advise=true and python -m gearshift.advise: the nodes the advisor's rules read
+    "gearshift.config_advice": "the advisor's picker of nodes",
 }
 
 

@@ -18,8 +18,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from gearshift.app import default_config_dir, preflight
-from gearshift.build import advise_config
-from gearshift.engine.precision import resolve_amp_dtype
+from gearshift.config_advice import advise_config
+from gearshift.engine.precision import resolve_amp
 from gearshift.engine.runtime import resolve_device
 from gearshift.models.factory import build_model, memory_layout
 from gearshift.observe.findings import Finding
@@ -34,7 +34,7 @@ def target_device(cfg: DictConfig, choice: str | None) -> torch.device:
 def amp_dtype_for(cfg: DictConfig, device: torch.device) -> torch.dtype | None:
     if cfg.amp.dtype == "auto" and device.type == "cuda" and not torch.cuda.is_available():
         return torch.bfloat16  # advising for a GPU elsewhere: assume one from Ampere on
-    return resolve_amp_dtype(cfg.amp.dtype, device)
+    return resolve_amp(cfg.amp.dtype, device).dtype
 
 
 def build_on_meta(cfg: DictConfig) -> torch.nn.Module:

@@ -26,7 +26,7 @@ from gearshift.data.sources import build_datasets, stream_length
 from gearshift.data.transforms_off import Untransformed, build_transforms, describe_transforms
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers, build_optimizers, in_a_presets_place, optimizer_label
-from gearshift.engine.precision import Precision, amp_name, resolve_amp, resolve_amp_dtype
+from gearshift.engine.precision import Precision, amp_name, resolve_amp
 from gearshift.engine.runtime import (
     configure_backends,
     configure_determinism,
@@ -467,6 +467,7 @@ def build_run(
         )  # fmt: skip
     advice = []
     if cfg.advise:  # advise=true: the gear advisor's findings, logged once, in summary.json
+        from gearshift.config_advice import advise_config
         from gearshift.observe.findings import log_findings
 
         advice = advise_config(cfg, model, device, parts.precision.dtype, parts.batch_size)
@@ -535,31 +536,6 @@ def build_run(
         mfu=mfu, advice=advice, meter=meter, losses=losses, profiler=profiler,
         memory_history=memory_history, reporter=reporter, sampler=sampler, plan=plan,
     )  # fmt: skip
-
-
-def advise_config(
-    cfg: DictConfig, model: nn.Module, device: torch.device,
-    amp_dtype: torch.dtype | str | None = "resolve", batch_size: int | str | None = None,
-) -> list[Finding]:  # fmt: skip
-    """The advisor's findings (observe/findings.py) for `cfg`'s nodes, `model` and `device`
-    (amp_dtype: autocast's, if known; "resolve": amp.dtype's on `device`; batch_size: the
-    run's, if decided; None: the config's). Loaded where asked: advise=true, gearshift.advise."""
-    from gearshift.observe.advisor_base import Nodes
-    from gearshift.observe.findings import advise
-
-    nodes = Nodes(
-        batch_size=cfg.batch_size if batch_size is None else batch_size,
-        cudnn_benchmark=cfg.cudnn_benchmark,
-        data=cfg.data,
-        dataloader=cfg.dataloader,
-        memory_format=cfg.memory_format,
-        compile=cfg.compile,
-        strategy=OmegaConf.select(cfg, "distributed.strategy"),
-        task=cfg.task if "task" in cfg else None,
-    )
-    if amp_dtype == "resolve":
-        amp_dtype = resolve_amp_dtype(cfg.amp.dtype, device)
-    return advise(nodes, model, device, amp_dtype)
 
 
 def build_checkpointer(

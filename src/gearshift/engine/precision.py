@@ -36,11 +36,6 @@ def resolve_amp(choice: str, device: torch.device) -> AmpChoice:
     return AmpChoice(*choose(choice, device))
 
 
-def resolve_amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:
-    """amp.dtype -> the autocast dtype (see resolve_amp)."""
-    return resolve_amp(choice, device).dtype
-
-
 class Precision:
     """Runs the forward pass under autocast and the backward/step through a GradScaler
     (float16: engine/loss_scaling.py).

@@ -30,7 +30,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Nodes:
-    """The config the rules read: its nodes and values, as build.py `advise_config` picks them."""
+    """The config the rules read: its nodes and values, as config_advice.py `advise_config` picks them."""
 
     batch_size: int | str
     cudnn_benchmark: bool

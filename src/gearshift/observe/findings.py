@@ -1,7 +1,7 @@
 """The gear advisor: what in this config and model holds the run back, and the fix.
 
 `advise(nodes, model, device, amp_dtype)` inspects the config's nodes (`Nodes`: build.py
-`advise_config` picks them from the config), the built model (before torch.compile) and the
+config_advice.py `advise_config` picks them from the config), the built model (before torch.compile) and the
 device, and returns findings, each with a stable id, a message and the fix. Loaded only where
 asked: with `advise=true` a run logs each finding once as a warning at start-up and lists
 them in summary.json under `advice` (build.py `build_run`); `python -m gearshift.advise
@@ -220,7 +220,7 @@ RULES: list[Callable[[Subject], Finding | None]] = [
 def advise(
     nodes: Nodes, model: nn.Module, device: torch.device, amp_dtype: torch.dtype | None
 ) -> list[Finding]:
-    """The findings for the config's `nodes` (build.py `advise_config` picks them), `model`
+    """The findings for the config's `nodes` (config_advice.py `advise_config` picks them), `model`
     and `device`, autocast running in `amp_dtype` (None: off)."""
     subject = Subject(nodes, model, device, amp_dtype)
     return [finding for rule in RULES if (finding := rule(subject)) is not None]
