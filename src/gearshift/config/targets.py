@@ -1,19 +1,23 @@
-"""The keys of the built-in data sources, models and tasks, typed.
+"""The keys of the built-in data sources, models and tasks: their types, and the data's values.
 
 A data, model or task node's keys differ by its `_target_`, so the schema holds them as free
 dicts. Each built-in target of conf/ has a dataclass (`TYPED`) whose field types
 `check_fields` holds the node's values to at start (docs/architecture.md, "Your own dataset":
 `data.streaming=sometimes` is one line, not a run that streams). A target of your own keeps
 free keys; `check_arguments` holds them to its signature, as the build will (instantiate.py).
+`check_data` checks a built-in source's values and that its files are there, before any run
+folder exists; a source of your own is checked by its own code when it builds the datasets.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from gearshift.config.rules import binds, check_fields, locate
+from gearshift.config.rules import binds, check_fields, check_int, fail, locate
 from gearshift.config.schema import MODEL_KEYS
 
 # The keys of a node that are gearshift's, not arguments of its target.
@@ -108,3 +112,69 @@ def check_arguments(cfg: DictConfig, group: str) -> None:
         from gearshift.config.keyword_checks import check_argument_names
 
         check_argument_names(group, target, found, given)
+
+
+# The built-in sources by their _target_: the generated ones, checked here, with the names
+# their conf/data files have; the others have a check of their own (a function of
+# gearshift.config), whose module loads for its source only.
+SYNTHETIC = {
+    "gearshift.data.synthetic.synthetic_images": "synthetic",
+    "gearshift.data.synthetic_regression.synthetic_regression": "synthetic_regression",
+}
+SOURCE_CHECKS = {
+    "gearshift.data.tokens.synthetic_tokens": "token_targets.check_synthetic_tokens",
+    "gearshift.data.tokens.token_files": "token_files.check_token_config",
+    "gearshift.data.hf.hf": "disk_checks.check_hf",
+    "gearshift.data.images.image_folder": "disk_checks.check_disk_data",
+    "gearshift.data.images.cifar10": "disk_checks.check_disk_data",
+    "gearshift.data.shards.shards": "disk_checks.check_disk_data",
+}
+# Data keys that only act on data read from disk, with their do-nothing values.
+DISK_ONLY = {
+    "path": None,
+    "stage_to": None,
+    "download": False,
+    "decode": "host",
+    "augment": False,
+    "mean": None,
+    "std": None,
+    "batch_dtype": "uint8",
+    "decoder": "auto",
+    "stage_format": "copy",
+}
+
+
+def check_data(cfg: DictConfig) -> None:
+    """The data node's values for its source; some against the run's (batch_size, device)."""
+    target = cfg.data.get("_target_")
+    if not target:
+        fail("data._target_", target, "name the source: a function that returns the datasets")
+    if target in SOURCE_CHECKS:
+        locate("data._target_", f"gearshift.config.{SOURCE_CHECKS[target]}")(cfg)
+        return
+    name = SYNTHETIC.get(target)
+    if name is None:
+        return  # a source of your own: its code checks its values when it builds the data
+    check_int(cfg, "data.num_samples", 1)
+    check_int(cfg, "data.num_val_samples", 0)
+    for key in ("data.image_size", "data.channels"):
+        check_int(cfg, key, 1)
+    if name != "synthetic_regression":
+        check_int(cfg, "data.num_classes", 2)
+    for key, idle in DISK_ONLY.items():
+        if cfg.data.get(key, idle) != idle:
+            fail(f"data.{key}", cfg.data[key], "it applies to data read from disk only")
+    samples = cfg.data.num_samples
+    if cfg.dataloader.drop_last and cfg.batch_size != "auto" and samples < cfg.batch_size:
+        allowed = f"with dataloader.drop_last=true it must be <= data.num_samples ({samples})"
+        fail("batch_size", cfg.batch_size, allowed)
+
+
+# data=tokens' and task=lm's values from the token folder's meta file: token_files.py loads
+# when one is first resolved
+def _token_meta(function: str) -> Callable[[str | None], Any]:
+    return lambda path: locate("data.path", f"gearshift.config.token_files.{function}")(path)
+
+
+OmegaConf.register_new_resolver("gearshift_token_vocab", _token_meta("meta_vocab_size"))
+OmegaConf.register_new_resolver("gearshift_token_bytes", _token_meta("meta_bytes_per_token"))
