@@ -75,9 +75,7 @@ def _check_unless_default(cfg: DictConfig, key: str) -> None:
 
 def _check_feature(cfg: DictConfig, name: str) -> None:
     """feature_checks.py's `check_<name>`: the module loads for a run that sets a feature."""
-    from gearshift.config import feature_checks
-
-    getattr(feature_checks, f"check_{name}")(cfg)
+    locate(name, f"gearshift.config.feature_checks.check_{name}")(cfg)
 
 
 def _check_resolves(cfg: DictConfig, group: str) -> None:

@@ -2,11 +2,9 @@
 
 A data, model or task node's keys differ by its `_target_`, so the schema holds them as free
 dicts. Each built-in target of conf/ has a dataclass (`TYPED`) whose field types
-`check_fields` holds the node's values to at start (docs/architecture.md, "Your own dataset":
-`data.streaming=sometimes` is one line, not a run that streams). A target of your own keeps
-free keys; `check_arguments` holds them to its signature, as the build will (instantiate.py).
-`check_data` checks a built-in source's values and that its files are there, before any run
-folder exists; a source of your own is checked by its own code when it builds the datasets.
+`check_types` holds the node's values to (docs/architecture.md, "Your own dataset"), and
+`check_data` checks a built-in source's values and files. A target of your own keeps free
+keys; `check_arguments` holds them to its signature, as the build will (instantiate.py).
 """
 
 from __future__ import annotations
@@ -68,10 +66,9 @@ class ClassificationNode:
     input_shape: list[int]
 
 
-# The built-in targets' descriptions (classes of gearshift.config), by the _target_ their
-# conf/ files name (a string: this layer does not import the data, models or tasks): this
-# module's, and those of token_targets.py, disk_targets.py and small_targets.py, which load
-# only when a node names one of their targets.
+# The built-in targets' descriptions (classes of gearshift.config) by the _target_ their conf/
+# files name (strings: this layer imports no data, models or tasks); those of the other
+# *_targets.py modules load only when a node names one of their targets.
 TYPED: dict[str, str] = {
     "gearshift.data.synthetic.synthetic_images": "targets.SyntheticImagesNode",
     "gearshift.data.synthetic_regression.synthetic_regression": "small_targets.SyntheticRegressionNode",
@@ -114,9 +111,8 @@ def check_arguments(cfg: DictConfig, group: str) -> None:
         check_argument_names(group, target, found, given)
 
 
-# The built-in sources by their _target_: the generated ones, checked here, with the names
-# their conf/data files have; the others have a check of their own (a function of
-# gearshift.config), whose module loads for its source only.
+# The built-in sources by their _target_: the generated ones, checked here (their conf/data
+# names); the others' checks (functions of gearshift.config) load for their source only.
 SYNTHETIC = {
     "gearshift.data.synthetic.synthetic_images": "synthetic",
     "gearshift.data.synthetic_regression.synthetic_regression": "synthetic_regression",
@@ -131,17 +127,9 @@ SOURCE_CHECKS = {
 }
 # Data keys that only act on data read from disk, with their do-nothing values.
 DISK_ONLY = {
-    "path": None,
-    "stage_to": None,
-    "download": False,
-    "decode": "host",
-    "augment": False,
-    "mean": None,
-    "std": None,
-    "batch_dtype": "uint8",
-    "decoder": "auto",
-    "stage_format": "copy",
-}
+    "path": None, "stage_to": None, "download": False, "decode": "host", "augment": False,
+    "mean": None, "std": None, "batch_dtype": "uint8", "decoder": "auto", "stage_format": "copy",
+}  # fmt: skip
 
 
 def check_data(cfg: DictConfig) -> None:
@@ -170,9 +158,8 @@ def check_data(cfg: DictConfig) -> None:
         fail("batch_size", cfg.batch_size, allowed)
 
 
-# data=tokens' and task=lm's values from the token folder's meta file: token_files.py loads
-# when one is first resolved
 def _token_meta(function: str) -> Callable[[str | None], Any]:
+    """A resolver for token_files.py's `function` (a meta file's value): it loads when used."""
     return lambda path: locate("data.path", f"gearshift.config.token_files.{function}")(path)
 
 
