@@ -1,6 +1,6 @@
-"""`check_config`, before any work starts: each node's own checks (schema.py, data_checks.py,
-targets.py; feature_checks.py for a feature a run sets) and those that span nodes; the first
-value not allowed raises a one-line ConfigError.
+"""`check_config`, before any work starts: each node's own checks (schema.py, targets.py;
+feature_checks.py for a feature a run sets) and those that span nodes; the first value not
+allowed raises a one-line ConfigError.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import InterpolationKeyError
 
 from gearshift.config import schema as s
-from gearshift.config.data_checks import check_data
 from gearshift.config.rules import fail, locate
-from gearshift.config.targets import check_arguments, check_types
+from gearshift.config.targets import check_arguments, check_data, check_types
 
 # The parts of a run that check_config imports and checks: all of them for training and
 # `evaluate`; `export` and `generate` use the model alone, so a task or source of the
@@ -37,12 +36,8 @@ def check_config(cfg: DictConfig, uses: frozenset[str] = RUN_PARTS) -> None:
         _check_feature(cfg, "max_tokens")
     if cfg.model.get("init_from") is not None:  # the model's weights from a checkpoint
         _check_feature(cfg, "init_from")
-    _check_unless_default(cfg, "batch_size_finder")
-    _check_unless_default(cfg, "checkpoint")
-    _check_unless_default(cfg, "sweep")
-    _check_unless_default(cfg, "ema")
-    _check_unless_default(cfg, "early_stop")
-    _check_unless_default(cfg, "profile")
+    for key in ("batch_size_finder", "checkpoint", "sweep", "ema", "early_stop", "profile"):
+        _check_unless_default(cfg, key)
     _check_unless_default(cfg, "plan")
     _check_unless_default(cfg, "distributed")  # several ranks
     if "data" in uses:
@@ -80,9 +75,7 @@ def _check_unless_default(cfg: DictConfig, key: str) -> None:
 
 def _check_feature(cfg: DictConfig, name: str) -> None:
     """feature_checks.py's `check_<name>`: the module loads for a run that sets a feature."""
-    from gearshift.config import feature_checks
-
-    getattr(feature_checks, f"check_{name}")(cfg)
+    locate(name, f"gearshift.config.feature_checks.check_{name}")(cfg)
 
 
 def _check_resolves(cfg: DictConfig, group: str) -> None:

@@ -1,5 +1,5 @@
 """The data node's checks of the built-in sources read from disk (imagefolder, cifar10,
-shards, hf): their values, and that their files are there. data_checks.py's `check_data`
+shards, hf): their values, and that their files are there. targets.py's `check_data`
 loads this module for a run of one of them only.
 """
 

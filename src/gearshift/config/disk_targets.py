@@ -21,7 +21,7 @@ DECODES = ("host", "gpu")  # data.decode of data=imagefolder (data/gpu_decode.py
 class ImagesNode(DataNode):
     """The keys every image source read from disk has."""
 
-    path: str | None  # null: data_checks.py asks for the folder
+    path: str | None  # null: disk_checks.py asks for the folder
     num_classes: int
     image_size: int
     channels: int

@@ -19,8 +19,7 @@ from gearshift.config.rules import ConfigError, locate
 
 
 def accepts(fn: Any, name: str, by_name: bool = False) -> bool:
-    """Whether `fn` takes a keyword argument `name` (or, unless `by_name`, any keyword
-    argument)."""
+    """Whether `fn` takes a keyword argument `name` (or, unless `by_name`, any keyword)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature

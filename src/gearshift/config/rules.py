@@ -1,12 +1,7 @@
-"""The errors of a config and the rules its checks share.
+"""The errors of a config and the rules its checks share (schema.py, targets.py, checks.py).
 
 `ConfigError` is a value that is not allowed, said in one line naming the key, the value
-and what is allowed; `DataError` is data that cannot be read, met while training. Each
-schema dataclass checks its own node with these helpers (schema.py), the data node its
-source's keys (data_checks.py), checks.py what spans nodes. `check_fields` holds a node's
-values to a dataclass's field types (targets.py); `locate` finds what a `_target_` names,
-`binds` whether a node's keys bind to it; `is_searchpath` tells the command line's search
-path from the keys it checks.
+and what is allowed; `DataError` is data that cannot be read, met while training.
 """
 
 from __future__ import annotations

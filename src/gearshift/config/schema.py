@@ -1,12 +1,8 @@
-"""The typed schema of a run's config.
-
-The dataclasses are registered with Hydra's ConfigStore as `gearshift_schema`, the first
-entry of conf/config.yaml's defaults, so a wrong type fails while Hydra composes the
-config; a key with a fixed set of values has it defined here, beside its field. What types
-alone cannot express: `check_node` of Config and OptimizerConfig takes its node of the
-composed config (a DictConfig: `auto` and interpolations stay as they are) and raises
-ConfigError for the first value that is not allowed (checks.py runs them and the checks
-that span nodes); those of the nodes a run may leave at their defaults: feature_checks.py.
+"""The typed schema of a run's config, registered with Hydra's ConfigStore as
+`gearshift_schema` (conf/config.yaml's first default), so a wrong type fails while Hydra
+composes the config; its field comments and value constants are docs/config-reference.md's.
+`check_node` of Config and OptimizerConfig checks what types cannot (checks.py runs them; the
+nodes a run may leave at their defaults: feature_checks.py).
 """
 
 from __future__ import annotations
@@ -86,11 +82,7 @@ class BatchSizeFinderConfig:
 OPTIMIZERS = ("sgd", "adamw", "muon")
 # The class each preset of conf/optimizer/ builds: gears.optimizer names the preset while its
 # _target_ is this class (muon: Muon on the hidden matrices, AdamW on the rest).
-PRESET_CLASSES = {
-    "sgd": "torch.optim.SGD",
-    "adamw": "torch.optim.AdamW",
-    "muon": "torch.optim.Muon",
-}
+PRESET_CLASSES = dict(sgd="torch.optim.SGD", adamw="torch.optim.AdamW", muon="torch.optim.Muon")
 MUON_KEYS = ("muon_lr", "muon_momentum")  # optimizer=muon: Muon's lr and momentum
 SCHEDULES = ("constant", "cosine")
 # What one's own schedule must be (engine/optim.py calls it).
@@ -103,22 +95,18 @@ SCHEDULE_FUNCTION = (
 @dataclass
 class OptimizerConfig:
     """The optimizer node: `_target_`, a torch.optim.Optimizer class, built with the node's
-    other keys as its keywords (momentum, betas, alpha, ...: whatever the class takes), but
-    for the loop's own keys below (not passed), and null values (the class's default).
-    These are the keys every optimizer node has; the preset (conf/optimizer/) adds its
-    class's keywords, and `++optimizer.KEY=VALUE` any other."""
+    other keys as its keywords (null: the class's default) but for the loop's own below; the
+    preset (conf/optimizer/) adds its class's keywords, `++optimizer.KEY=VALUE` any other."""
 
     _target_: str | None = None  # the class (module.Name); null: the preset `name`'s
     name: str | None = None  # OPTIMIZERS; the preset, recorded as gears.optimizer
     lr: float = 0.05  # the peak learning rate (AdamW's under muon), a keyword of the class
     fused: bool = False  # true: passed as fused=True, one kernel for the update; false: not passed
     foreach: bool | None = None  # passed when set: one kernel per op over all tensors
-    # the loop's (this key and those below, never passed): the parameter groups; false:
-    # the biases and norm gains apart, not decayed (nanoGPT)
+    # the loop's, as those below (never passed); false: biases and norm gains not decayed
     weight_decay_1d: bool = True
     set_to_none: bool = False  # zero_grad(set_to_none=True): free the gradients (tip 12)
-    # SCHEDULES, or one's own function factor(step, total_steps) -> float (module.name):
-    # the lr over the run's steps, after the warm-up, as a multiple of `lr`
+    # SCHEDULES, or one's own factor(step, total_steps) -> float (module.name) scaling lr
     schedule: str = "cosine"
     lr_warmup_steps: int = 0  # linear warm-up of the lr over these steps, before any schedule
     clip_grad_norm: float | None = None  # > 0: the gradients' total L2 norm is clipped to it
@@ -202,9 +190,7 @@ class OptimizerConfig:
 class SchedulerConfig:
     """The scheduler node: `_target_`, a torch.optim.lr_scheduler class (torch's or one's
     own), built per optimizer as `cls(optimizer, **the node's other keys)` and stepped once
-    per optimizer step, after the warm-up of optimizer.lr_warmup_steps; a class that takes
-    `total_steps` and is not given it gets the steps it schedules (the run's, less the
-    warm-up). Null: the built-in schedule, optimizer.schedule."""
+    per optimizer step after the warm-up (docs/make-it-yours.md); null: optimizer.schedule."""
 
     _target_: str | None = None  # the class (module.Name); null: optimizer.schedule
 
@@ -304,8 +290,7 @@ PLAN_DEVICES = (
 @dataclass
 class PlanConfig:
     """`plan=on`: the run's memory and step time, traced under fake tensors (observe/plan.py),
-    printed without training; `plan.check=true` adds the plan beside the measured figures to
-    summary.json."""
+    printed without training (docs/planning.md)."""
 
     enabled: bool = False  # plan=on: print the plan and exit 0, no run folder
     device: str = "auto"  # PLAN_DEVICES; auto: the device the run would train on
@@ -324,9 +309,7 @@ class SweepConfig:
 @dataclass
 class TrialConfig:
     """A run that is one trial of a study: the sweeper (hydra/sweeper=gearshift_optuna) sets
-    this node for each trial it launches; a run of its own leaves it null. build.py builds
-    `reporter` with the other keys, and the loop's validation (validation.py) reports each
-    validation to it."""
+    this node for each trial it launches (docs/optuna.md); a run of its own leaves it null."""
 
     reporter: str | None = None  # the reporter's class (module.Name); null: the run reports nowhere
     storage: str | None = None  # where the study lives: a journal file, or a database URL
@@ -347,8 +330,7 @@ ON_NONFINITE = ("stop", "skip")
 
 @dataclass
 class Config:
-    # instantiated through its _target_; init_from and init_strict are gearshift's
-    # (state/init_from.py), present in every model node, yours too
+    # built through its _target_; init_from, init_strict: gearshift's, in every model node
     model: dict[str, Any] = field(default_factory=lambda: dict(MODEL_KEYS))
     data: dict[str, Any] = MISSING  # a source: its _target_ builds the datasets (data/sources.py)
     task: dict[str, Any] = MISSING  # a Task subclass through its _target_ (tasks/)
@@ -375,10 +357,7 @@ class Config:
     accum: int = 1  # gradient accumulation: micro-batches per optimizer step (tip 13)
     epochs: int = 2  # passes over the training data
     max_steps: int | None = None  # when set, wins over epochs
-    # a budget in tokens (task=lm): an integer >= 1 (1e9 too); in steps of batch_size x
-    # ranks x accum x block_size tokens, rounded up; wins over epochs (with max_steps: the
-    # one that ends first)
-    max_tokens: Any = None
+    max_tokens: Any = None  # a token budget (task=lm): an integer >= 1 (1e9 too); wins over epochs
     warmup_steps: int = 5  # optimizer steps left out of the throughput figures
     seed: int = 0  # seeds every random stream and the data order
     device: str = "auto"  # DEVICES; auto: CUDA where present, else cpu

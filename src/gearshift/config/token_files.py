@@ -8,7 +8,7 @@ only (no classes, so no code runs).
 
 This lives in the config layer because the config needs it before anything is built:
 `data.vocab_size` defaults to the meta file's through the resolver
-`${gearshift_token_vocab:${data.path}}` (registered by config/data_checks.py, which loads
+`${gearshift_token_vocab:${data.path}}` (registered by config/targets.py, which loads
 this module when it is first used), and `check_config` checks the files, so a bad
 folder ends the run with one line before any run folder exists. `data/tokens.py` serves
 the windows.

@@ -1,6 +1,6 @@
 """The keys of the token data (data=synthetic_tokens, data=tokens), the GPT (model=gpt,
 model=gpt2) and task=lm, typed: targets.py's descriptions of the language-model targets;
-data=synthetic_tokens's values (data_checks.py) and the model against the token data
+data=synthetic_tokens's values (targets.py `check_data`) and the model against the token data
 (checks.py); loaded when a node names one of them, or the data has token windows.
 """
 
