@@ -152,6 +152,7 @@ BAD_INPUT = [
         "dataloader.num_workers=-1 is not allowed; expected an integer >= 0 or auto",
     ),
     ("optimizer.lr=-1", "optimizer.lr=-1.0 is not allowed; expected a number > 0"),
+    ("optimizer.lr=null", "optimizer.lr=None is not allowed; expected a number > 0"),
     (
         "optimizer.clip_grad_norm=0",
         "optimizer.clip_grad_norm=0.0 is not allowed; expected a number > 0 (or null: no clipping)",

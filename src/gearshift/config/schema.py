@@ -147,7 +147,7 @@ class OptimizerConfig:
 
             check_optimizer_class(target)
         lr = number(node, "lr", at, "expected a number > 0")
-        if not lr > 0:
+        if lr is None or not lr > 0:  # null too: the class would get lr=None
             fail(at + "lr", lr, "expected a number > 0")
         if math.isinf(lr):
             fail(at + "lr", lr, "expected a finite number > 0")
@@ -357,7 +357,9 @@ class Config:
     accum: int = 1  # gradient accumulation: micro-batches per optimizer step (tip 13)
     epochs: int = 2  # passes over the training data
     max_steps: int | None = None  # when set, wins over epochs
-    max_tokens: Any = None  # a token budget (task=lm): an integer >= 1 (1e9 too); wins over epochs
+    # task=lm: a budget in tokens, an integer >= 1 (1e9 too), rounded up to whole steps; wins
+    # over epochs, and with max_steps the one that ends first wins (docs/language-models.md)
+    max_tokens: Any = None
     warmup_steps: int = 5  # optimizer steps left out of the throughput figures
     seed: int = 0  # seeds every random stream and the data order
     device: str = "auto"  # DEVICES; auto: CUDA where present, else cpu
