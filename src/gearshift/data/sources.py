@@ -7,7 +7,6 @@ None)`, map-style or streams (data/streams.py); gearshift's keys (`data.on_devic
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -55,8 +54,12 @@ def build_datasets(
                 "argument, so it cannot make its data on the device"
             )
         extra["device"] = device
-    if stage_to:
-        extra |= _staging(source, node, stage_to)
+    if stage_to and accepts(source, "stage_to"):
+        extra["stage_to"] = stage_to
+    elif stage_to:  # the source stages nothing itself: its data.path folder is staged
+        from gearshift.data.staging import stage_path  # data.stage_to only
+
+        extra["path"] = stage_path(node.get("path"), stage_to)
     built = instantiate("data", node, **extra)
     train, val = built if isinstance(built, tuple) else (built, None)
     for dataset in (train, val):
@@ -68,16 +71,3 @@ def build_datasets(
                 "(train, val or None)"
             )
     return train, (None if val is None or stream_length(val) == 0 else val)
-
-
-def _staging(source: Any, node: Mapping[str, Any], stage_to: str) -> dict[str, Any]:
-    if accepts(source, "stage_to"):
-        return {"stage_to": stage_to}
-    if not node.get("path"):
-        raise ConfigError(
-            f"data.stage_to={stage_to!r} is not allowed; the source takes no stage_to "
-            "and has no data.path folder to stage"
-        )
-    from gearshift.data.staging import stage  # data.stage_to only
-
-    return {"path": str(stage(Path(node["path"]).expanduser(), Path(stage_to)))}

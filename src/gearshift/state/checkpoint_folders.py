@@ -9,7 +9,6 @@ load; reading a checkpoint back: state/checkpoint_reads.py.
 from __future__ import annotations
 
 import io
-import logging
 import os
 import re
 import shutil
@@ -18,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-log = logging.getLogger(__name__)
 
 # One process is a layout like any other here: DCP's note that it assumes one is no news.
 warnings.filterwarnings(

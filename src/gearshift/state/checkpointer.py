@@ -1,12 +1,10 @@
-"""The Checkpointer: the one place that defines what a checkpoint holds (docs/checkpoints.md).
-
-Every registered part under its own name, beside the run's config, its decisions
-(summary.json's `gears`, which a resumed run repeats) and the job's layout, written with
-torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py):
-sharded parts (`sharded = True`: model, optimizer, ema) as each rank's shards keyed by
-parameter name, so they load resharded; rank parts (rng) as one object per rank; the job's
-parts (position, scaler, best, config) as one object of rank 0's. Resuming: `read_resume`,
-then state/restore.py; `checkpoint.async_save=true`: state/async_writes.py.
+"""The Checkpointer: the one place that defines what a checkpoint holds (the format:
+docs/checkpoints.md; its folders: state/checkpoint_folders.py). Each registered part is
+written with DCP under its own name: sharded parts (`sharded = True`: model, optimizer, ema)
+as each rank's shards, rank parts (rng) as one object per rank, the job's parts as one
+object of rank 0's beside the run's config, its decisions (summary.json's `gears`, which a
+resumed run repeats) and the job's layout. Resuming: `read_resume`, then state/restore.py;
+`checkpoint.async_save=true`: state/async_writes.py.
 """
 
 from __future__ import annotations
@@ -74,14 +72,10 @@ class RngState:
     """The process's random generators (Python, NumPy, torch, CUDA)."""
 
     def state_dict(self) -> dict[str, Any]:
-        numpy_state = np.random.get_state()
+        kind, keys, *numpy_rest = np.random.get_state()
         state = {
             "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
-            "numpy": [
-                numpy_state[0],
-                torch.from_numpy(numpy_state[1].astype(np.int64)),
-                *numpy_state[2:],
-            ],
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), *numpy_rest],
             "torch": torch.get_rng_state(),
         }
         if torch.cuda.is_available():

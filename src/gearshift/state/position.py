@@ -6,11 +6,8 @@ another batch size trains each remaining sample of the epoch once (docs/checkpoi
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
