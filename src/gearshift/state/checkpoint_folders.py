@@ -1,9 +1,6 @@
-"""Checkpoint folders that survive crashes (docs/checkpoints.md; what they hold:
-state/checkpointer.py). The ranks write `step_000000123/` into a temporary folder
-(`.step_000000123.tmp`) that rank 0 renames into place once DCP's `.metadata`, written last,
-is there: a folder under a real name is always complete, and `resume=auto` never picks a
-torn one. Older checkpoints are single files (`step_000000123.pt`, `best.pt`) that still
-load; reading a checkpoint back: state/checkpoint_reads.py.
+"""Checkpoint folders that survive crashes: written into a temporary folder, renamed into
+place once DCP's `.metadata` is there (docs/checkpoints.md). What they hold:
+state/checkpointer.py; reading one back, older single files too: state/checkpoint_reads.py.
 """
 
 from __future__ import annotations

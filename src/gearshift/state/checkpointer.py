@@ -117,7 +117,6 @@ class Checkpointer:
         cfg: CheckpointConfig,
         layout: Layout,
     ) -> None:
-        """`cfg`: the checkpoint node (every_n_steps, at_end, keep, async_save)."""
         self.folder, self.ranks, self.config = folder, ranks, config
         self.decisions = decisions  # what a resumed run repeats rather than decides again
         self.every, self.at_end, self.keep = cfg.every_n_steps, cfg.at_end, cfg.keep

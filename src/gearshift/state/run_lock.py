@@ -65,10 +65,9 @@ def holder(run_dir: Path, wait: bool = False) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return _pid_in(fd) or 0
-    else:
-        return None
     finally:
         os.close(fd)  # a shared lock taken to test is dropped with the file
+    return None
 
 
 def _pid_in(fd: int) -> int | None:
