@@ -149,9 +149,7 @@ def first_sample(dataset: Any) -> Any:
     """The first sample a dataset gives (map-style: index 0; a stream: its first)."""
     if hasattr(dataset, "first_sample"):  # a stream that can read one without a full pass
         return dataset.first_sample()
-    if hasattr(dataset, "__getitem__") and not isinstance(
-        dataset, torch.utils.data.IterableDataset
-    ):
+    if hasattr(dataset, "__getitem__") and not isinstance(dataset, IterableDataset):
         return dataset[0] if len(dataset) else None
     return next(iter(dataset), None)
 

@@ -1,10 +1,8 @@
-"""The Checkpointer: the one place that defines what a checkpoint holds (the format:
-docs/checkpoints.md; its folders: state/checkpoint_folders.py). Each registered part is
-written with DCP under its own name: sharded parts (`sharded = True`: model, optimizer, ema)
-as each rank's shards, rank parts (rng) as one object per rank, the job's parts as one
-object of rank 0's beside the run's config, its decisions (summary.json's `gears`, which a
-resumed run repeats) and the job's layout. Resuming: `read_resume`, then state/restore.py;
-`checkpoint.async_save=true`: state/async_writes.py.
+"""The Checkpointer: the one place that defines what a checkpoint holds (docs/checkpoints.md):
+every registered part under its own name (`Checkpointer.state`), with the run's config, its
+decisions (summary.json's `gears`, which a resumed run repeats) and the job's layout, in one
+DCP step folder (state/checkpoint_folders.py). Resuming: `read_resume`, then
+state/restore.py; `checkpoint.async_save=true`: state/async_writes.py.
 """
 
 from __future__ import annotations
@@ -133,15 +131,13 @@ class Checkpointer:
         """Save `part` under `name` (None: a part this run does not have)."""
         self.parts[name] = part
 
-    # ------------------------------------------------------------------ saving
-
     def due(self, step: int, last: bool) -> bool:
         """Whether a checkpoint is due after optimizer step `step` (`last`: the run's end)."""
         return bool(self.every and step % self.every == 0) or (last and self.at_end)
 
     def state(self) -> dict[str, Any]:
-        """What this rank writes: its shards of the sharded parts, its rank parts, and (rank
-        0) the job parts as one object."""
+        """What this rank writes: its shards of the sharded parts (model, optimizer, ema), its
+        rank parts (rng) and (rank 0) the job parts (position, scaler, best) as one object."""
         state: dict[str, Any] = {}
         job: dict[str, Any] = {}
         for name, part in self.parts.items():
