@@ -119,9 +119,7 @@ def to_device(
     batch: Batch, device: torch.device, non_blocking: bool, memory_format: torch.memory_format
 ) -> Batch:
     """Tips 7 and 16: one copy to the device, asynchronous when asked; images (4-D, floating
-    or uint8) in the model's layout. A batch may be a pair, a dict of fields or any nesting
-    of tuples, lists and dicts of tensors (other leaves, e.g. a batch's strings, stay as
-    they are)."""
+    or uint8) in the model's layout; leaves other than tensors (strings) stay as they are."""
 
     def move(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):

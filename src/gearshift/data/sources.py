@@ -1,10 +1,8 @@
 """The data seam (docs/make-it-yours.md, "gearshift's keys of the data node"): a source,
 chosen by `data._target_`, takes the node's other keys and returns `(train, validation or
 None)`, map-style or streams (data/streams.py); gearshift's keys (`data.on_device`,
-`data.stage_to`, `data.fields`) are not passed on as they are. `FieldReader`: the names
-`data.fields` gives the task's `split` (and a source that reads named columns itself,
-`data=hf`), and the first sample read as `split` reads it (a dict: named_fields.py), its
-inputs against `task.input_shape`, before any work.
+`data.stage_to`, `data.fields`: `FieldReader`, which also checks the first sample before
+any work) are not passed on as they are.
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ class FieldReader:
 
     def __init__(self, task: Any, fields: Mapping[str, Any] | None = None) -> None:
         fields = {k: v for k, v in (fields or {}).items() if v is not None}  # None: not set
-        unknown = set(fields) - {"inputs", "targets"}
-        if unknown:
+        if set(fields) - {"inputs", "targets"}:
             raise ConfigError(
                 f"data.fields={fields} is not allowed; expected the keys inputs and targets "
                 "(the sample's field names for each)"

@@ -41,11 +41,9 @@ def synthetic_images(
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> tuple[TensorPairs, TensorPairs | None]:
-    """Images = their class's smooth random pattern + Gaussian noise; labels uniform.
-
-    The patterns depend on `seed` alone, so train and validation share their classes,
-    not their samples.
-    """
+    """Images = their class's smooth random pattern + Gaussian noise; labels uniform. The
+    patterns depend on `seed` alone, so train and validation share their classes, not their
+    samples."""
     shape = (channels, image_size, image_size)
     g = torch.Generator(device=device).manual_seed(seed)
     coarse = torch.randn(num_classes, channels, 4, 4, generator=g, device=device)

@@ -68,7 +68,7 @@ def clean_temporaries(folder: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def publish(tmp: Path, path: Path) -> Path:
+def publish(tmp: Path, path: Path) -> None:
     """Rename the complete folder `tmp` into place (over an older `path`: best/, or a step
     written again after a resume from an earlier one)."""
     old = path.with_name(f".{path.name}.old.tmp")
@@ -83,10 +83,9 @@ def publish(tmp: Path, path: Path) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return path
 
 
-def link_checkpoint(source: Path, path: Path) -> Path:
+def link_checkpoint(source: Path, path: Path) -> None:
     """The complete checkpoint `source` (best/, written at this very position) as `path` too:
     hard links to the same files (copies where the file system has none), renamed into
     place. A later best/ replaces its own folder only, and rotation removes `path` only."""
@@ -98,7 +97,7 @@ def link_checkpoint(source: Path, path: Path) -> Path:
             os.link(file, tmp / file.name)
         except OSError:
             shutil.copyfile(file, tmp / file.name)
-    return publish(tmp, path)
+    publish(tmp, path)
 
 
 def rotate(folder: Path, keep: int) -> None:

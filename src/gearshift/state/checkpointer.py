@@ -115,10 +115,9 @@ class Checkpointer:
         cfg: CheckpointConfig,
         layout: Layout,
     ) -> None:
-        self.folder, self.ranks, self.config = folder, ranks, config
+        self.folder, self.ranks, self.config, self.layout = folder, ranks, config, layout
         self.decisions = decisions  # what a resumed run repeats rather than decides again
         self.every, self.at_end, self.keep = cfg.every_n_steps, cfg.at_end, cfg.keep
-        self.layout = layout
         self.parts: dict[str, Stateful | None] = {}
         self.best_at: tuple[int, int, int] | None = None  # where best/ was last written
         self.writes: AsyncWrites | None = None  # checkpoint.async_save: the background writes

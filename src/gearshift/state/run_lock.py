@@ -24,7 +24,6 @@ class RunFolderBusy(Exception):
             f"run folder {run_dir} is in use by {who}, which is still running; wait for it "
             f"to end, or stop it (kill {pid or '<pid>'}) and run again to resume from its checkpoint"
         )
-        self.run_dir, self.pid = run_dir, pid
 
 
 def hold(run_dir: Path) -> None:
