@@ -12,8 +12,8 @@ from helpers import make_cfg
 from torch.utils.data import DataLoader, Dataset
 
 from gearshift.config import ConfigError
-from gearshift.data.fields import FieldReader
 from gearshift.data.loading import to_device
+from gearshift.data.sources import FieldReader
 from gearshift.tasks import Classification, LanguageModel, Regression
 from train import fit
 

@@ -20,9 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from gearshift.config.schema import DistributedConfig
-from gearshift.data.fields import FieldReader
 from gearshift.data.loading import build_batches, loader_settings, stream_position, to_device
-from gearshift.data.sources import build_datasets, stream_length
+from gearshift.data.sources import FieldReader, build_datasets, stream_length
 from gearshift.data.transforms_off import Untransformed, build_transforms, describe_transforms
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers, build_optimizers, in_a_presets_place, optimizer_label

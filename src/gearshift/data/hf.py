@@ -15,7 +15,7 @@ the loader's workers by data/decode.py's decoders into a uint8 image of the trai
 the uint8 path of `data=imagefolder`. Labels come from the label column (its ClassLabel
 names count the classes). Which columns: `data.fields.inputs` / `data.fields.targets`,
 else the task's field names tried in order (`image`, `img`, ... and `label`, `fine_label`,
-...), as for dict samples of any source (data/fields.py). A column the config names that
+...), as for dict samples of any source (data/sources.py). A column the config names that
 the dataset lacks stops the run at start with one line listing the columns it has; an
 unreadable Parquet file, or an image that does not decode, is named with its file.
 """

@@ -1,10 +1,7 @@
-"""The loaders that feed any source's datasets (docs/gears.md: tip 2 workers,
-tip 3 pinned memory, tip 4 tensors on the device, tip 6 from_numpy, tip 7 non-blocking copies).
-
-A source made on the device (`data.on_device=true`) is served as index slices of its
-tensors (tip 4: no loader, no copies); any other by a DataLoader (host_loader.py, loaded
-then). Either way the order is a function of (seed, epoch) alone (loading_base.py
-`epoch_order`), so a resumed run continues exactly.
+"""The batches of any source's datasets (docs/gears.md, tips 4 and 7): a source made on the
+device (`data.on_device=true`) as index slices of its tensors (no loader, no copies), any
+other by a DataLoader (host_loader.py, loaded then); either way in loading_base.py's
+`epoch_order`, so a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -122,9 +119,7 @@ def to_device(
     batch: Batch, device: torch.device, non_blocking: bool, memory_format: torch.memory_format
 ) -> Batch:
     """Tips 7 and 16: one copy to the device, asynchronous when asked; images (4-D, floating
-    or uint8) in the model's layout. A batch may be a pair, a dict of fields or any nesting
-    of tuples, lists and dicts of tensors (other leaves, e.g. a batch's strings, stay as
-    they are)."""
+    or uint8) in the model's layout; leaves other than tensors (strings) stay as they are."""
 
     def move(x: Any) -> Any:
         if not isinstance(x, torch.Tensor):

@@ -1,6 +1,6 @@
 """The first sample that is not an `(inputs, targets)` pair, read before any work: a dict by
 its named fields (`data.fields`, else the task's own names), anything else refused, in one
-line either way. Loaded for such a sample only (fields.py `FieldReader.check`).
+line either way. Loaded for such a sample only (sources.py `FieldReader.check`).
 """
 
 from __future__ import annotations

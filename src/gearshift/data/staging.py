@@ -78,3 +78,15 @@ def stage(
         os.rename(temporary, target)  # atomic: the final name appears complete or not at all
         log.info("data: staged %s to %s in %.1f s", source, target, time.perf_counter() - start)
     return target
+
+
+def stage_path(path: str | None, stage_to: str) -> str:
+    """The staged copy of the folder `path` (`data.path` of a source that takes no stage_to)."""
+    if not path:
+        from gearshift.config import ConfigError
+
+        raise ConfigError(
+            f"data.stage_to={stage_to!r} is not allowed; the source takes no stage_to "
+            "and has no data.path folder to stage"
+        )
+    return str(stage(Path(path).expanduser(), Path(stage_to)))

@@ -1,8 +1,6 @@
-"""Built-in sources that need no files: learnable synthetic data, made where it is used.
-
-`data=synthetic` draws images around one random pattern per class, so a model can learn it;
-with `data.on_device=true` the whole set is made on the device (docs/gears.md tip 4), else
-it is a map-style dataset a DataLoader serves like real data."""
+"""Built-in sources that need no files: learnable synthetic data (`data=synthetic`), made on
+the device with `data.on_device=true` (docs/gears.md tip 4), else a map-style dataset a
+DataLoader serves like real data."""
 
 from __future__ import annotations
 
@@ -43,11 +41,9 @@ def synthetic_images(
     seed: int = 0,
     device: torch.device | str = "cpu",
 ) -> tuple[TensorPairs, TensorPairs | None]:
-    """Images = their class's smooth random pattern + Gaussian noise; labels uniform.
-
-    The patterns depend on `seed` alone, so train and validation share their classes,
-    not their samples.
-    """
+    """Images = their class's smooth random pattern + Gaussian noise; labels uniform. The
+    patterns depend on `seed` alone, so train and validation share their classes, not their
+    samples."""
     shape = (channels, image_size, image_size)
     g = torch.Generator(device=device).manual_seed(seed)
     coarse = torch.randn(num_classes, channels, 4, 4, generator=g, device=device)

@@ -45,9 +45,7 @@ def build_transforms(
 
         return DeviceTransforms(cfg, device, memory_format, seed, source)
 
-    if source or describe_transforms(cfg) != "off":
-        return make()
-    return Untransformed(make)
+    return make() if source or describe_transforms(cfg) != "off" else Untransformed(make)
 
 
 class Untransformed:
@@ -71,9 +69,7 @@ class Untransformed:
 def _byte_images(batch: Any) -> bool:
     """Whether the batch's first 4-D tensor (its images, as DeviceTransforms finds them) is
     uint8."""
-    if type(batch) in (list, tuple) and len(batch) == 2 and isinstance(batch[0], torch.Tensor):
-        leaves = batch  # a pair: no tree walk
-    else:
-        leaves = tree_leaves(batch)
+    pair = type(batch) in (list, tuple) and len(batch) == 2 and isinstance(batch[0], torch.Tensor)
+    leaves = batch if pair else tree_leaves(batch)  # a pair: no tree walk
     images = next((x for x in leaves if isinstance(x, torch.Tensor) and x.dim() == 4), None)
     return images is not None and images.dtype == torch.uint8

@@ -1,15 +1,11 @@
-"""Checkpoint folders that survive crashes (docs/checkpoints.md; what they hold:
-state/checkpointer.py). The ranks write `step_000000123/` into a temporary folder
-(`.step_000000123.tmp`) that rank 0 renames into place once DCP's `.metadata`, written last,
-is there: a folder under a real name is always complete, and `resume=auto` never picks a
-torn one. Older checkpoints are single files (`step_000000123.pt`, `best.pt`) that still
-load; reading a checkpoint back: state/checkpoint_reads.py.
+"""Checkpoint folders that survive crashes: written into a temporary folder, renamed into
+place once DCP's `.metadata` is there (docs/checkpoints.md). What they hold:
+state/checkpointer.py; reading one back, older single files too: state/checkpoint_reads.py.
 """
 
 from __future__ import annotations
 
 import io
-import logging
 import os
 import re
 import shutil
@@ -18,8 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-log = logging.getLogger(__name__)
 
 # One process is a layout like any other here: DCP's note that it assumes one is no news.
 warnings.filterwarnings(
@@ -74,7 +68,7 @@ def clean_temporaries(folder: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def publish(tmp: Path, path: Path) -> Path:
+def publish(tmp: Path, path: Path) -> None:
     """Rename the complete folder `tmp` into place (over an older `path`: best/, or a step
     written again after a resume from an earlier one)."""
     old = path.with_name(f".{path.name}.old.tmp")
@@ -89,10 +83,9 @@ def publish(tmp: Path, path: Path) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return path
 
 
-def link_checkpoint(source: Path, path: Path) -> Path:
+def link_checkpoint(source: Path, path: Path) -> None:
     """The complete checkpoint `source` (best/, written at this very position) as `path` too:
     hard links to the same files (copies where the file system has none), renamed into
     place. A later best/ replaces its own folder only, and rotation removes `path` only."""
@@ -104,7 +97,7 @@ def link_checkpoint(source: Path, path: Path) -> Path:
             os.link(file, tmp / file.name)
         except OSError:
             shutil.copyfile(file, tmp / file.name)
-    return publish(tmp, path)
+    publish(tmp, path)
 
 
 def rotate(folder: Path, keep: int) -> None:

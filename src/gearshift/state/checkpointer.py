@@ -1,12 +1,8 @@
-"""The Checkpointer: the one place that defines what a checkpoint holds (docs/checkpoints.md).
-
-Every registered part under its own name, beside the run's config, its decisions
-(summary.json's `gears`, which a resumed run repeats) and the job's layout, written with
-torch.distributed.checkpoint (DCP) into one step folder (state/checkpoint_folders.py):
-sharded parts (`sharded = True`: model, optimizer, ema) as each rank's shards keyed by
-parameter name, so they load resharded; rank parts (rng) as one object per rank; the job's
-parts (position, scaler, best, config) as one object of rank 0's. Resuming: `read_resume`,
-then state/restore.py; `checkpoint.async_save=true`: state/async_writes.py.
+"""The Checkpointer: the one place that defines what a checkpoint holds (docs/checkpoints.md):
+every registered part under its own name (`Checkpointer.state`), with the run's config, its
+decisions (summary.json's `gears`, which a resumed run repeats) and the job's layout, in one
+DCP step folder (state/checkpoint_folders.py). Resuming: `read_resume`, then
+state/restore.py; `checkpoint.async_save=true`: state/async_writes.py.
 """
 
 from __future__ import annotations
@@ -74,14 +70,10 @@ class RngState:
     """The process's random generators (Python, NumPy, torch, CUDA)."""
 
     def state_dict(self) -> dict[str, Any]:
-        numpy_state = np.random.get_state()
+        kind, keys, *numpy_rest = np.random.get_state()
         state = {
             "python": [list(x) if isinstance(x, tuple) else x for x in random.getstate()],
-            "numpy": [
-                numpy_state[0],
-                torch.from_numpy(numpy_state[1].astype(np.int64)),
-                *numpy_state[2:],
-            ],
+            "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), *numpy_rest],
             "torch": torch.get_rng_state(),
         }
         if torch.cuda.is_available():
@@ -123,11 +115,9 @@ class Checkpointer:
         cfg: CheckpointConfig,
         layout: Layout,
     ) -> None:
-        """`cfg`: the checkpoint node (every_n_steps, at_end, keep, async_save)."""
-        self.folder, self.ranks, self.config = folder, ranks, config
+        self.folder, self.ranks, self.config, self.layout = folder, ranks, config, layout
         self.decisions = decisions  # what a resumed run repeats rather than decides again
         self.every, self.at_end, self.keep = cfg.every_n_steps, cfg.at_end, cfg.keep
-        self.layout = layout
         self.parts: dict[str, Stateful | None] = {}
         self.best_at: tuple[int, int, int] | None = None  # where best/ was last written
         self.writes: AsyncWrites | None = None  # checkpoint.async_save: the background writes
@@ -140,15 +130,13 @@ class Checkpointer:
         """Save `part` under `name` (None: a part this run does not have)."""
         self.parts[name] = part
 
-    # ------------------------------------------------------------------ saving
-
     def due(self, step: int, last: bool) -> bool:
         """Whether a checkpoint is due after optimizer step `step` (`last`: the run's end)."""
         return bool(self.every and step % self.every == 0) or (last and self.at_end)
 
     def state(self) -> dict[str, Any]:
-        """What this rank writes: its shards of the sharded parts, its rank parts, and (rank
-        0) the job parts as one object."""
+        """What this rank writes: its shards of the sharded parts (model, optimizer, ema), its
+        rank parts (rng) and (rank 0) the job parts (position, scaler, best) as one object."""
         state: dict[str, Any] = {}
         job: dict[str, Any] = {}
         for name, part in self.parts.items():

@@ -1,16 +1,12 @@
-"""Where training stands, and the data position a resumed run continues from: a count of
-the epoch's samples (its `(seed, epoch)` order, data/loading_base.py `epoch_order`) the
-whole job trained on, not of batches, so a run that comes back on other ranks or with
-another batch size trains each remaining sample of the epoch once (docs/checkpoints.md).
+"""Where training stands, and the data position a resumed run continues from: the epoch's
+samples the whole job took (data/loading_base.py `epoch_order`), not its batches, so a run
+that comes back on another layout trains each remaining sample once (docs/checkpoints.md).
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

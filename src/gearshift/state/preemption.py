@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -18,24 +19,20 @@ RANK_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGINT)  # one rank of several
 Handler = Callable[[int, object], object]
 
 
+@dataclass(eq=False)
 class TrainingStopped(Exception):
-    """Training stopped on a signal after saving a checkpoint; resume=auto continues it."""
+    """Training stopped on a signal after saving a checkpoint; resume=auto continues it.
+    `step` None: the process stopped before a rank could save (the local launcher's ranks
+    were killed, or never reached training); `checkpoint` is then the newest."""
 
-    def __init__(
-        self,
-        signum: int,
-        step: int | None,
-        checkpoint: Path | None = None,
-        handover: Handler | None = None,
-    ) -> None:
-        """`step` None: the process stopped before a rank could save (the local launcher's
-        ranks were killed, or never reached training); `checkpoint` is then the newest."""
-        name = signal.Signals(signum).name
-        when = f"after step {step}" if step is not None else "before the ranks saved"
-        super().__init__(f"stopped by {name} {when}")
-        self.signum, self.step = signum, step
-        self.checkpoint = checkpoint  # what this process saved (rank 0 saves for all)
-        self.handover = handover  # the signal's previous Python handler, to call after saving
+    signum: int
+    step: int | None
+    checkpoint: Path | None = None  # what this process saved (rank 0 saves for all)
+    handover: Handler | None = None  # the signal's previous Python handler, to call after saving
+
+    def __str__(self) -> str:
+        when = f"after step {self.step}" if self.step is not None else "before the ranks saved"
+        return f"stopped by {signal.Signals(self.signum).name} {when}"
 
 
 class StopRequest:

@@ -24,7 +24,6 @@ class RunFolderBusy(Exception):
             f"run folder {run_dir} is in use by {who}, which is still running; wait for it "
             f"to end, or stop it (kill {pid or '<pid>'}) and run again to resume from its checkpoint"
         )
-        self.run_dir, self.pid = run_dir, pid
 
 
 def hold(run_dir: Path) -> None:
@@ -65,10 +64,9 @@ def holder(run_dir: Path, wait: bool = False) -> int | None:
         fcntl.flock(fd, fcntl.LOCK_SH if wait else fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return _pid_in(fd) or 0
-    else:
-        return None
     finally:
         os.close(fd)  # a shared lock taken to test is dropped with the file
+    return None
 
 
 def _pid_in(fd: int) -> int | None:
