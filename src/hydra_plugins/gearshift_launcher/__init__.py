@@ -1,1 +1,1 @@
-"""gearshift's Hydra launcher plugin (`hydra/launcher=processes`); see processes.py."""
+"""gearshift's Hydra launcher plugins (`hydra/launcher=processes`, `slurm`); see launchers.py."""

@@ -92,9 +92,12 @@ class StudySweeper(Sweeper):
     ) -> None:
         self.config = config
         self.config_loader = hydra_context.config_loader
-        self.launcher = Plugins.instance().instantiate_launcher(
+        launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
+        # gearshift's launchers hand their work to an implementation (launchers.py LazyPlugin);
+        # the sweep talks to that directly: it adds use_slots (processes), submit, rejoin (slurm)
+        self.launcher = getattr(launcher, "impl", launcher)
 
     def sweep(self, arguments: list[str]) -> Any:
         import optuna
@@ -395,7 +398,7 @@ def failure_reason(error: BaseException) -> str:
     said = [line.removeprefix("error:").strip() for line in lines if line.startswith("error:")]
     if said:
         return said[-1]
-    if getattr(error, "one_line", False):  # the launcher's own reason (processes.JobFailed)
+    if getattr(error, "one_line", False):  # the launcher's own reason (_processes.JobFailed)
         return lines[-1]
     return f"{type(error).__name__}: {lines[-1]}" if lines else type(error).__name__
 

@@ -1,10 +1,6 @@
-"""`hydra/sweeper=gearshift_optuna`: the plugin and its config node, nothing more.
-
-Hydra imports every plugin module of every run to find its plugins, also in a run that
-sweeps nothing, so the sweep itself (Optuna, the study, the report) lives in _sweep.py,
-which a name starting with `_` keeps from that scan, and loads only when a sweep sets up.
-(No `from __future__ import annotations`: Hydra loads plugin modules outside sys.modules,
-where dataclasses cannot resolve them.)
+"""`hydra/sweeper=gearshift_optuna`: the plugin and its config node, all that Hydra's plugin scan
+loads of the sweeper in every run; the sweep itself (Optuna, the study, the report) is _sweep.py's.
+(No `from __future__ import annotations`: see gearshift_launcher/launchers.py.)
 """
 
 from dataclasses import dataclass, field
@@ -12,25 +8,15 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
-from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig
+
+from hydra_plugins.gearshift_launcher.launchers import LazyPlugin
 
 
-class OptunaSweeper(Sweeper):
-    def __init__(self, **params: Any) -> None:
-        self.params = params
-        self.sweeper: Any = None  # _sweep.StudySweeper, once set up
-
-    def setup(
-        self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
-    ) -> None:
-        from hydra_plugins.gearshift_sweeper._sweep import StudySweeper
-
-        self.sweeper = StudySweeper(**self.params)
-        self.sweeper.setup(hydra_context=hydra_context, task_function=task_function, config=config)
+class OptunaSweeper(LazyPlugin, Sweeper):
+    implementation = "hydra_plugins.gearshift_sweeper._sweep.StudySweeper"
 
     def sweep(self, arguments: list[str]) -> Any:
-        return self.sweeper.sweep(arguments)
+        return self.impl.sweep(arguments)
 
 
 @dataclass
