@@ -133,7 +133,7 @@ def test_a_default_run_loads_no_sweep_machinery_and_at_most_the_ratchets_lines(t
     listing = "\n".join(f"{n:6d} {name}" for name, n in sorted(lines.items()))
     # the count sees the run's modules and the plug-ins Hydra scanned
     assert "gearshift.build" in lines, listing
-    assert "hydra_plugins.gearshift_launcher.launchers" in lines, listing
+    assert "hydra_plugins.gearshift_launcher.processes" in lines, listing
     assert "gearshift.observe.wandb_logger" in lines, listing  # the default logger
     machinery = [
         name

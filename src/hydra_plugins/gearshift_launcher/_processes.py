@@ -1,4 +1,4 @@
-"""The machinery of `hydra/launcher=processes` (launchers.py, the plugin, hands its jobs to
+"""The machinery of `hydra/launcher=processes` (processes.py, the plugin, hands its jobs to
 `ProcessLauncher`): each job of a sweep in a fresh Python process, one at a time.
 
 Hydra's basic launcher runs every job inside the sweep's own process, so what one run

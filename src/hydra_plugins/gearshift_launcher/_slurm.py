@@ -1,4 +1,4 @@
-"""The machinery of `hydra/launcher=slurm` (launchers.py, the plugin, hands its jobs to
+"""The machinery of `hydra/launcher=slurm` (slurm.py, the plugin, hands its jobs to
 `SlurmJobLauncher`): hydra-submitit-launcher's SLURM launcher (conf/hydra/launcher/
 slurm.yaml), plus what a sweeper that keeps trials in flight needs from it.
 

@@ -95,7 +95,7 @@ class StudySweeper(Sweeper):
         launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config
         )
-        # gearshift's launchers hand their work to an implementation (launchers.py LazyPlugin);
+        # gearshift's launchers hand their work to an implementation (gearshift_launcher LazyPlugin);
         # the sweep talks to that directly: it adds use_slots (processes), submit, rejoin (slurm)
         self.launcher = getattr(launcher, "impl", launcher)
 

@@ -1,6 +1,6 @@
 """`hydra/sweeper=gearshift_optuna`: the plugin and its config node, all that Hydra's plugin scan
 loads of the sweeper in every run; the sweep itself (Optuna, the study, the report) is _sweep.py's.
-(No `from __future__ import annotations`: see gearshift_launcher/launchers.py.)
+(No `from __future__ import annotations`: see gearshift_launcher/__init__.py.)
 """
 
 from dataclasses import dataclass, field
@@ -9,7 +9,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from hydra.plugins.sweeper import Sweeper
 
-from hydra_plugins.gearshift_launcher.launchers import LazyPlugin
+from hydra_plugins.gearshift_launcher import LazyPlugin
 
 
 class OptunaSweeper(LazyPlugin, Sweeper):
