@@ -23,13 +23,10 @@ from torchmetrics import Metric
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 from gearshift.config.targets import TRAINER_KEYS
-from gearshift.tasks.metrics import describe, task_name
+from gearshift.tasks.metrics import task_name
 
 Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
-# The train/ names the loop logs itself: a term of the loss's may not take one.
-TRAINER_NAMES = ("loss", "lr", "grad_norm", "nonfinite_skipped_steps")
-EXPECTED = "expected a scalar tensor or (loss, {name: scalar tensor})"
 # The fields an image task reads a dict sample by (a Hugging Face dataset's, your own).
 IMAGE_FIELDS = ("inputs", "pixel_values", "image", "img", "x")
 LABEL_FIELDS = ("targets", "label", "labels", "fine_label", "y")
@@ -93,11 +90,11 @@ class Task(ABC):
         a form the loop cannot log is one line."""
         value = self.loss(model, batch)
         loss, terms = value if isinstance(value, tuple) and len(value) == 2 else (value, {})
-        wrong = _wrong_loss(loss, terms)
-        if wrong:
-            raise ConfigError(
-                f"task._target_={task_name(self)!r} is not allowed; its loss returned {wrong}"
-            )
+        no_terms = isinstance(terms, dict) and not terms
+        if not (no_terms and isinstance(loss, torch.Tensor) and loss.dim() == 0):
+            from gearshift.tasks.loss_terms import check_loss  # terms, or a wrong form
+
+            check_loss(self, loss, terms)
         return loss, terms
 
     def count(self, batch: Batch) -> int:
@@ -141,21 +138,6 @@ class Task(ABC):
         """A batch in the loader's form (a pair, a dict of fields ...) shaped like the
         training data, for the batch-size finder, the planner and the FLOP counter (random
         values are fine: they measure memory and arithmetic, not learning)."""
-
-
-def _wrong_loss(loss: Any, terms: Any) -> str | None:
-    """What is wrong with Task.loss's (loss, terms), or None: shapes and types, no device read."""
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        return f"{describe(loss)}, {EXPECTED}"
-    if not isinstance(terms, dict):
-        return f"(loss, {describe(terms)}), {EXPECTED}"
-    for name, term in terms.items():
-        if not isinstance(name, str) or not name or name in TRAINER_NAMES:
-            taken = ", ".join(TRAINER_NAMES)
-            return f"a term named {name!r}; the trainer logs train/ {taken} itself: rename it"
-        if not isinstance(term, torch.Tensor) or term.dim() != 0:
-            return f"the term {name!r} as {describe(term)}, {EXPECTED}"
-    return None
 
 
 def build_task(node: DictConfig) -> Task:
