@@ -1,10 +1,6 @@
-"""The Task seam: everything about a run that depends on what is being learnt
-(docs/make-it-yours.md, "The task": what the loop and validation ask of one, and when).
-
-A task receives each batch whole, as the loader yields it, already on the device, and
-returns tensors, never Python numbers: the loop reads nothing back between log steps. A task
-of your own subclasses `Task`, chosen by `task._target_` with its constructor's arguments as
-the `task` node's other keys.
+"""The Task seam: everything about a run that depends on what is being learnt. What the
+loop and validation ask of a task, and when (each batch whole, on the device; tensors back,
+never Python numbers): docs/architecture.md, "Your own task", and docs/make-it-yours.md.
 """
 
 from __future__ import annotations
@@ -56,18 +52,13 @@ class Task(ABC):
         inputs = next((name for name in self.input_fields if name in batch), None)
         targets = next((name for name in self.target_fields if name in batch), None)
         if inputs is None or (targets is None and not self.targets_optional):
-            raise ConfigError(self.unreadable(batch))
+            from gearshift.tasks.unreadable import unreadable  # a batch it cannot read
+
+            raise ConfigError(unreadable(self, batch))
         return self.from_fields(batch[inputs], None if targets is None else batch[targets])
 
-    def unreadable(self, batch: Mapping[str, Any]) -> str:
-        """The line for a dict batch whose fields `split` cannot find."""
-        return (
-            f"task._target_={task_name(self)!r} cannot read the samples: their fields are "
-            f"{', '.join(map(str, batch)) or 'none'}; it reads {self.wanted()}; name yours "
-            "with data.fields.inputs=NAME data.fields.targets=NAME"
-        )
-
     def wanted(self) -> str:
+        """The fields `split` reads, for the line of a batch without them."""
         wanted = f"inputs from one of: {', '.join(self.input_fields)}"
         if not self.targets_optional:
             wanted += f"; targets from one of: {', '.join(self.target_fields)}"
@@ -118,9 +109,8 @@ class Task(ABC):
 
     @abstractmethod
     def val_metrics(self) -> dict[str, Metric]:
-        """The task's own validation metrics by name (logged as val/<name>, the summary's
-        val_<name>): torchmetrics.Metric objects (tasks/metrics.py has small ones), made
-        once; each is updated with every `eval_step`'s (predictions, targets)."""
+        """The task's own validation metrics by name, logged as val/<name>: torchmetrics.Metric
+        objects (tasks/metrics.py has small ones), each updated with every `eval_step`'s."""
 
     @cached_property  # made once: the metrics accumulate, and build_task adds to them
     def validation(self) -> dict[str, Metric]:
@@ -135,9 +125,8 @@ class Task(ABC):
 
     @abstractmethod
     def example_batch(self, batch_size: int, device: torch.device) -> Batch:
-        """A batch in the loader's form (a pair, a dict of fields ...) shaped like the
-        training data, for the batch-size finder, the planner and the FLOP counter (random
-        values are fine: they measure memory and arithmetic, not learning)."""
+        """A batch in the loader's form shaped like the training data, for the batch-size finder,
+        the planner and the FLOP count (random values do: they measure memory and arithmetic)."""
 
 
 def build_task(node: DictConfig) -> Task:
