@@ -63,12 +63,10 @@ def build_schedule(
 
 
 class Builtin:
-    """The built-in schedule: every group's lr is its peak (its initial_lr) times
-    `factor(step)`, step 0 the first: LambdaLR's arithmetic and state (`last_epoch`, the
-    steps taken), not its check that an optimizer.step() came before its first step. The
-    loop steps the schedule after every step, also one whose update was skipped (fp16's
-    GradScaler finding inf/nan gradients, on_nonfinite=skip), so a run whose first update
-    was skipped met torch's warning of a schedule stepped out of order."""
+    """The built-in schedule: every group's lr is its peak (initial_lr) times `factor(step)`,
+    step 0 the first. LambdaLR's arithmetic and state (`last_epoch`, the steps taken) without
+    its warning of a schedule stepped before optimizer.step(): the loop steps the schedule
+    after every step, also one whose update was skipped (fp16's GradScaler, on_nonfinite=skip)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[int], float]):
         self.optimizer, self.factor, self.last_epoch = optimizer, factor, -1
@@ -129,11 +127,10 @@ def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Op
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
-    """The total L2 norm of the gradients of the whole model, a tensor left on the device
-    (no host sync); with `max_norm`, gradients whose norm exceeds it are scaled down to it.
-    Call it on true gradients (fp16: unscaled). Under DDP and FSDP every rank gets the norm
-    over all the gradients, never its own shard's (docs/gears.md, "Gradient clipping";
-    tests/test_distributed.py checks both against one process)."""
+    """The total L2 norm of all the model's gradients, left on the device (no host sync); with
+    `max_norm`, gradients whose norm exceeds it are scaled down to it. Call it on true
+    gradients (fp16: unscaled). Under DDP and FSDP, the norm over every rank's gradients, never
+    its own shard's (docs/gears.md, "Gradient clipping")."""
     parameters = [p for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
     if isinstance(total, DTensor):  # FSDP: torch reduced the shards' norms, replicated

@@ -42,12 +42,9 @@ def resolve_amp_dtype(choice: str, device: torch.device) -> torch.dtype | None:
 
 
 class Precision:
-    """Runs the forward pass under autocast and the backward/step through a GradScaler
-    (float16: engine/loss_scaling.py).
-
-    The scaler is enabled for float16 only: bf16 has float32's range and needs no scaling.
-    Skipped steps (inf/nan gradients) are counted on the device, so counting costs no sync.
-    """
+    """Runs the forward pass under autocast and the backward/step through a GradScaler,
+    enabled for float16 only (engine/loss_scaling.py): bf16 has float32's range. Skipped steps
+    (inf/nan gradients) are counted on the device, so counting costs no sync."""
 
     def __init__(self, dtype: torch.dtype | None, device: torch.device, reason: str = "") -> None:
         self.dtype = dtype

@@ -1,8 +1,6 @@
-"""Validation metrics as accumulators: `torchmetrics.Metric`s, updated with each validation
-batch's (predictions, targets) on the device, synced across ranks once, when computed
-(docs/make-it-yours.md, "The task"); their check on the example batch before the run.
-`Mean` is the built-in tasks' small one (two sums on the device); classification's two are
-here, regression's and the language model's beside their tasks.
+"""Validation metrics (`torchmetrics.Metric` accumulators: docs/make-it-yours.md, "The task")
+and their check on the example batch before the run. `Mean` is the built-in tasks' small one
+(two sums on the device); classification's two are here, the others' beside their tasks.
 """
 
 from __future__ import annotations
