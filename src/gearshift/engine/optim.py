@@ -217,9 +217,8 @@ class Optimizers:
         return state | {"schedules": [schedule.state_dict() for schedule in self.schedules]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """What `state_dict` saved (a DCP load: this rank's shards; a consolidated one: whole
-        tensors), or an older single file's: torch's own state dict of one optimizer, keyed
-        by position, with no schedules in it."""
+        """What `state_dict` saved (this rank's shards, or whole tensors), or an older single
+        file's: one optimizer's torch state dict, keyed by position (engine/optim_loading.py)."""
         from gearshift.engine.optim_loading import load_optimizers_state  # resuming
 
         load_optimizers_state(self.model, self.optimizers, self.schedules, self.fsdp, state)

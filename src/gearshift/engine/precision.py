@@ -1,7 +1,6 @@
-"""Mixed precision (docs/gears.md tip 11): autocast for the forward pass, a GradScaler only for float16.
-
-The dtype comes with the reason it was chosen, for the log and summary.json: amp=off's here,
-the others' (`amp=on` resolved against the machine) in amp_choice.py, loaded then only.
+"""Mixed precision (docs/gears.md tip 11): autocast for the forward pass, a GradScaler only for
+float16. The dtype comes with the reason it was chosen, for the log and summary.json: amp=off's
+here, the others' (`amp=on` resolved against the machine) in amp_choice.py, loaded then only.
 """
 
 from __future__ import annotations

@@ -101,7 +101,9 @@ def check_metrics(
             copies = copy.deepcopy(dict(task.validation))
             for name, metric in copies.items():
                 metric._to_sync = False  # each rank checks its own copy
-                what = _what(task, name, configured)
+                what = f"task._target_={task_name(task)!r} (its metric {name!r})"
+                if name in configured:
+                    what = f"task.metrics.{name}._target_={configured[name]!r}"
                 try:
                     metric.update(predictions, targets)
                     value = metric.compute()
@@ -129,12 +131,6 @@ def describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {list(value.shape)}"
     return f"a {type(value).__name__}"
-
-
-def _what(task: Any, name: str, configured: Mapping[str, str]) -> str:
-    if name in configured:
-        return f"task.metrics.{name}._target_={configured[name]!r}"
-    return f"task._target_={task_name(task)!r} (its metric {name!r})"
 
 
 def task_name(task: Any) -> str:
