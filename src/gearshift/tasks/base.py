@@ -29,12 +29,10 @@ LABEL_FIELDS = ("targets", "label", "labels", "fine_label", "y")
 
 
 class Task(ABC):
-    # The validation metric that decides "better" (best checkpoint, early stopping, a
-    # sweeper's objective) and its direction; `task.monitor` / `task.mode` override them.
+    # The validation metric that decides "better", and its direction (task.monitor, task.mode).
     monitor: str = "val_loss"
     mode: str = "min"  # min | max
-    # Tokens a sample holds (a language model: its block size), for tokens/s beside
-    # samples/s; None where a sample is not made of tokens.
+    # Tokens a sample holds (task=lm: its block size), for tokens/s; None: not made of tokens.
     tokens_per_sample: int | None = None
     # The field names `split` reads a dict batch by, in order of preference
     # (`data.fields.inputs` / `data.fields.targets` override them); none: the task reads
@@ -101,9 +99,8 @@ class Task(ABC):
         return first.shape[0]
 
     def eval_step(self, model: nn.Module, batch: Batch) -> tuple[Any, Any]:
-        """A validation batch's (predictions, targets), which each metric is updated with
-        (under `torch.inference_mode()` and autocast; tensors, left on the device). Default:
-        the model's outputs for the batch's inputs and its targets (`split`)."""
+        """A validation batch's (predictions, targets), tensors left on the device, which each
+        metric is updated with; default: the model's outputs for the inputs `split` reads."""
         inputs, targets = self.split(batch)
         return model(inputs), targets
 
