@@ -1,9 +1,7 @@
 """The run's optimizers and their learning-rate schedules as one stateful thing
-(`Optimizers`, built by `build_optimizers`), and gradient clipping.
-
-An optimizer class with its keywords (`optimizer._target_`), a scheduler class with its
-(`scheduler._target_`) and one's own schedule (`optimizer.schedule` naming a function) plug
-in here: docs/make-it-yours.md."""
+(`Optimizers`, built by `build_optimizers`), and gradient clipping. An optimizer class
+(`optimizer._target_`), a scheduler class (`scheduler._target_`) and one's own schedule
+(`optimizer.schedule`) plug in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 

@@ -89,8 +89,7 @@ class Task(ABC):
     def count(self, batch: Batch) -> int:
         """How many samples the batch covers: the leading size of its first tensor (from
         shapes: no device read)."""
-        leaves = tree_leaves(batch)
-        first = next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
+        first = next((leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor)), None)
         if first is None or first.dim() == 0:
             raise ConfigError(
                 f"task._target_={task_name(self)!r} is not allowed; a batch holds no tensor with "
@@ -111,8 +110,7 @@ class Task(ABC):
 
     @cached_property  # made once: the metrics accumulate, and build_task adds to them
     def validation(self) -> dict[str, Metric]:
-        """Every metric a validation updates: the task's own, then those `task.metrics`
-        adds (build_task)."""
+        """Every metric a validation updates: the task's own, then those `task.metrics` adds."""
         return dict(self.val_metrics())
 
     @property

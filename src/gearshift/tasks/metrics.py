@@ -64,7 +64,6 @@ class ValidationFailed(Exception):
     def __init__(self, what: str, error: BaseException) -> None:
         said = " ".join(str(error).split())  # one line, whatever the message's own layout
         super().__init__(f"{what} raised {type(error).__name__}: {said}")
-        self.what, self.error = what, error
 
 
 @contextmanager
