@@ -76,6 +76,8 @@ NOT_CONFIGURED = (
     "gearshift.engine.loss_scaling",  # amp=fp16
     "gearshift.engine.decay_groups",  # optimizer.weight_decay_1d=false
     "gearshift.tasks.added_metrics",  # task.metrics
+    "gearshift.tasks.loss_terms",  # a loss with terms, or of a wrong form
+    "gearshift.tasks.unreadable",  # a dict batch without the fields the task reads
     "gearshift.config.disk_checks",  # the sources read from disk
     "gearshift.observe.attention_probe",  # the advisor, for a model with attention
     "gearshift.observe.cuda_findings",  # the advisor, on CUDA

@@ -22,7 +22,7 @@ def read_named_fields(task: Any, chosen: dict[str, Any], sample: Any) -> None:
         task.split(sample)
     except ConfigError:
         if not chosen:
-            raise ConfigError(task.unreadable(sample)) from None
+            raise  # split's own line: the task's names are not the sample's
         got = ", ".join(map(str, sample)) or "none"
         raise ConfigError(
             f"data.fields={chosen} is not allowed; the samples' fields are {got}; "

@@ -1,9 +1,7 @@
 """The run's optimizers and their learning-rate schedules as one stateful thing
-(`Optimizers`, built by `build_optimizers`), and gradient clipping.
-
-An optimizer class with its keywords (`optimizer._target_`), a scheduler class with its
-(`scheduler._target_`) and one's own schedule (`optimizer.schedule` naming a function) plug
-in here: docs/make-it-yours.md."""
+(`Optimizers`, built by `build_optimizers`), and gradient clipping. An optimizer class
+(`optimizer._target_`), a scheduler class (`scheduler._target_`) and one's own schedule
+(`optimizer.schedule`) plug in here: docs/make-it-yours.md."""
 
 from __future__ import annotations
 
@@ -63,12 +61,10 @@ def build_schedule(
 
 
 class Builtin:
-    """The built-in schedule: every group's lr is its peak (its initial_lr) times
-    `factor(step)`, step 0 the first: LambdaLR's arithmetic and state (`last_epoch`, the
-    steps taken), not its check that an optimizer.step() came before its first step. The
-    loop steps the schedule after every step, also one whose update was skipped (fp16's
-    GradScaler finding inf/nan gradients, on_nonfinite=skip), so a run whose first update
-    was skipped met torch's warning of a schedule stepped out of order."""
+    """The built-in schedule: every group's lr is its peak (initial_lr) times `factor(step)`,
+    step 0 the first. LambdaLR's arithmetic and state (`last_epoch`, the steps taken) without
+    its warning of a schedule stepped before optimizer.step(): the loop steps the schedule
+    after every step, also one whose update was skipped (fp16's GradScaler, on_nonfinite=skip)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, factor: Callable[[int], float]):
         self.optimizer, self.factor, self.last_epoch = optimizer, factor, -1
@@ -129,11 +125,10 @@ def one_optimizer(model: nn.Module, optimizer_cfg: DictConfig) -> torch.optim.Op
 
 
 def clip_grad_norm(parameters: Iterable[nn.Parameter], max_norm: float | None) -> torch.Tensor:
-    """The total L2 norm of the gradients of the whole model, a tensor left on the device
-    (no host sync); with `max_norm`, gradients whose norm exceeds it are scaled down to it.
-    Call it on true gradients (fp16: unscaled). Under DDP and FSDP every rank gets the norm
-    over all the gradients, never its own shard's (docs/gears.md, "Gradient clipping";
-    tests/test_distributed.py checks both against one process)."""
+    """The total L2 norm of all the model's gradients, left on the device (no host sync); with
+    `max_norm`, gradients whose norm exceeds it are scaled down to it. Call it on true
+    gradients (fp16: unscaled). Under DDP and FSDP, the norm over every rank's gradients, never
+    its own shard's (docs/gears.md, "Gradient clipping")."""
     parameters = [p for p in parameters if p.grad is not None]
     total = torch.nn.utils.get_total_norm([p.grad for p in parameters])
     if isinstance(total, DTensor):  # FSDP: torch reduced the shards' norms, replicated
@@ -220,9 +215,8 @@ class Optimizers:
         return state | {"schedules": [schedule.state_dict() for schedule in self.schedules]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """What `state_dict` saved (a DCP load: this rank's shards; a consolidated one: whole
-        tensors), or an older single file's: torch's own state dict of one optimizer, keyed
-        by position, with no schedules in it."""
+        """What `state_dict` saved (this rank's shards, or whole tensors), or an older single
+        file's: one optimizer's torch state dict, keyed by position (engine/optim_loading.py)."""
         from gearshift.engine.optim_loading import load_optimizers_state  # resuming
 
         load_optimizers_state(self.model, self.optimizers, self.schedules, self.fsdp, state)

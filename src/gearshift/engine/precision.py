@@ -1,7 +1,6 @@
-"""Mixed precision (docs/gears.md tip 11): autocast for the forward pass, a GradScaler only for float16.
-
-The dtype comes with the reason it was chosen, for the log and summary.json: amp=off's here,
-the others' (`amp=on` resolved against the machine) in amp_choice.py, loaded then only.
+"""Mixed precision (docs/gears.md tip 11): autocast for the forward pass, a GradScaler only for
+float16. The dtype comes with the reason it was chosen, for the log and summary.json: amp=off's
+here, the others' (`amp=on` resolved against the machine) in amp_choice.py, loaded then only.
 """
 
 from __future__ import annotations
@@ -37,12 +36,9 @@ def resolve_amp(choice: str, device: torch.device) -> AmpChoice:
 
 
 class Precision:
-    """Runs the forward pass under autocast and the backward/step through a GradScaler
-    (float16: engine/loss_scaling.py).
-
-    The scaler is enabled for float16 only: bf16 has float32's range and needs no scaling.
-    Skipped steps (inf/nan gradients) are counted on the device, so counting costs no sync.
-    """
+    """Runs the forward pass under autocast and the backward/step through a GradScaler,
+    enabled for float16 only (engine/loss_scaling.py): bf16 has float32's range. Skipped steps
+    (inf/nan gradients) are counted on the device, so counting costs no sync."""
 
     def __init__(self, dtype: torch.dtype | None, device: torch.device, reason: str = "") -> None:
         self.dtype = dtype

@@ -13,9 +13,8 @@ __all__ = ["GPT", "MLP", "SimpleCNN"]
 
 
 def __getattr__(name: str) -> object:
-    """`gearshift.models.GPT` (model=gpt's `_target_`), `MLP` and `SimpleCNN` (model=mlp's,
-    model=simple_cnn's) load their module when first asked for (PEP 562): a run of another
-    model does not import it."""
+    """`gearshift.models.GPT`, `MLP` and `SimpleCNN` (model=gpt's, mlp's, simple_cnn's `_target_`)
+    load their module when first asked for (PEP 562): a run of another model does not import it."""
     module = {"GPT": "gpt", "MLP": "small", "SimpleCNN": "small"}.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

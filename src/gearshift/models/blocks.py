@@ -1,7 +1,5 @@
-"""A model's blocks: the units activation checkpointing recomputes and FSDP shards one by one
-(docs/gears.md, tip 18, "FSDP per block": the children of the model's outermost
-nn.Sequential containers that hold composite modules). A model of your own opts in by
-keeping its repeated layers in an nn.Sequential.
+"""A model's blocks: the units activation checkpointing recomputes and FSDP shards one by one,
+found in its nn.Sequential containers (docs/gears.md, tip 18, "FSDP per block").
 """
 
 from __future__ import annotations

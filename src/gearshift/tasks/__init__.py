@@ -3,6 +3,7 @@ metrics; the batch-size finder and the FLOP counter ask it for an example batch.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 from gearshift.tasks.base import Batch, Task, build_task
@@ -18,12 +19,7 @@ __all__ = ["Batch", "Classification", "LanguageModel", "Regression", "Task", "bu
 def __getattr__(name: str) -> object:
     """`gearshift.tasks.LanguageModel` and `.Regression` (their `_target_`s) load their
     modules when first asked for (PEP 562): a run of another task does not import them."""
-    if name == "LanguageModel":
-        from gearshift.tasks.lm import LanguageModel
-
-        return LanguageModel
-    if name == "Regression":
-        from gearshift.tasks.regression import Regression
-
-        return Regression
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = {"LanguageModel": "lm", "Regression": "regression"}.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

@@ -1,10 +1,6 @@
-"""The Task seam: everything about a run that depends on what is being learnt
-(docs/make-it-yours.md, "The task": what the loop and validation ask of one, and when).
-
-A task receives each batch whole, as the loader yields it, already on the device, and
-returns tensors, never Python numbers: the loop reads nothing back between log steps. A task
-of your own subclasses `Task`, chosen by `task._target_` with its constructor's arguments as
-the `task` node's other keys.
+"""The Task seam: everything about a run that depends on what is being learnt. What the
+loop and validation ask of a task, and when (each batch whole, on the device; tensors back,
+never Python numbers): docs/architecture.md, "Your own task", and docs/make-it-yours.md.
 """
 
 from __future__ import annotations
@@ -23,25 +19,20 @@ from torchmetrics import Metric
 from gearshift.config import ConfigError
 from gearshift.config.instantiate import instantiate
 from gearshift.config.targets import TRAINER_KEYS
-from gearshift.tasks.metrics import describe, task_name
+from gearshift.tasks.metrics import task_name
 
 Batch = Any  # as the loader yields it: a pair, a dict of fields, any nesting of them
 Loss = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]  # Task.loss's two forms
-# The train/ names the loop logs itself: a term of the loss's may not take one.
-TRAINER_NAMES = ("loss", "lr", "grad_norm", "nonfinite_skipped_steps")
-EXPECTED = "expected a scalar tensor or (loss, {name: scalar tensor})"
 # The fields an image task reads a dict sample by (a Hugging Face dataset's, your own).
 IMAGE_FIELDS = ("inputs", "pixel_values", "image", "img", "x")
 LABEL_FIELDS = ("targets", "label", "labels", "fine_label", "y")
 
 
 class Task(ABC):
-    # The validation metric that decides "better" (best checkpoint, early stopping, a
-    # sweeper's objective) and its direction; `task.monitor` / `task.mode` override them.
+    # The validation metric that decides "better", and its direction (task.monitor, task.mode).
     monitor: str = "val_loss"
     mode: str = "min"  # min | max
-    # Tokens a sample holds (a language model: its block size), for tokens/s beside
-    # samples/s; None where a sample is not made of tokens.
+    # Tokens a sample holds (task=lm: its block size), for tokens/s; None: not made of tokens.
     tokens_per_sample: int | None = None
     # The field names `split` reads a dict batch by, in order of preference
     # (`data.fields.inputs` / `data.fields.targets` override them); none: the task reads
@@ -59,18 +50,13 @@ class Task(ABC):
         inputs = next((name for name in self.input_fields if name in batch), None)
         targets = next((name for name in self.target_fields if name in batch), None)
         if inputs is None or (targets is None and not self.targets_optional):
-            raise ConfigError(self.unreadable(batch))
+            from gearshift.tasks.unreadable import unreadable  # a batch it cannot read
+
+            raise ConfigError(unreadable(self, batch))
         return self.from_fields(batch[inputs], None if targets is None else batch[targets])
 
-    def unreadable(self, batch: Mapping[str, Any]) -> str:
-        """The line for a dict batch whose fields `split` cannot find."""
-        return (
-            f"task._target_={task_name(self)!r} cannot read the samples: their fields are "
-            f"{', '.join(map(str, batch)) or 'none'}; it reads {self.wanted()}; name yours "
-            "with data.fields.inputs=NAME data.fields.targets=NAME"
-        )
-
     def wanted(self) -> str:
+        """The fields `split` reads, for the line of a batch without them."""
         wanted = f"inputs from one of: {', '.join(self.input_fields)}"
         if not self.targets_optional:
             wanted += f"; targets from one of: {', '.join(self.target_fields)}"
@@ -93,18 +79,17 @@ class Task(ABC):
         a form the loop cannot log is one line."""
         value = self.loss(model, batch)
         loss, terms = value if isinstance(value, tuple) and len(value) == 2 else (value, {})
-        wrong = _wrong_loss(loss, terms)
-        if wrong:
-            raise ConfigError(
-                f"task._target_={task_name(self)!r} is not allowed; its loss returned {wrong}"
-            )
+        no_terms = isinstance(terms, dict) and not terms
+        if not (no_terms and isinstance(loss, torch.Tensor) and loss.dim() == 0):
+            from gearshift.tasks.loss_terms import check_loss  # terms, or a wrong form
+
+            check_loss(self, loss, terms)
         return loss, terms
 
     def count(self, batch: Batch) -> int:
         """How many samples the batch covers: the leading size of its first tensor (from
         shapes: no device read)."""
-        leaves = tree_leaves(batch)
-        first = next((leaf for leaf in leaves if isinstance(leaf, torch.Tensor)), None)
+        first = next((leaf for leaf in tree_leaves(batch) if isinstance(leaf, torch.Tensor)), None)
         if first is None or first.dim() == 0:
             raise ConfigError(
                 f"task._target_={task_name(self)!r} is not allowed; a batch holds no tensor with "
@@ -113,22 +98,19 @@ class Task(ABC):
         return first.shape[0]
 
     def eval_step(self, model: nn.Module, batch: Batch) -> tuple[Any, Any]:
-        """A validation batch's (predictions, targets), which each metric is updated with
-        (under `torch.inference_mode()` and autocast; tensors, left on the device). Default:
-        the model's outputs for the batch's inputs and its targets (`split`)."""
+        """A validation batch's (predictions, targets), tensors left on the device, which each
+        metric is updated with; default: the model's outputs for the inputs `split` reads."""
         inputs, targets = self.split(batch)
         return model(inputs), targets
 
     @abstractmethod
     def val_metrics(self) -> dict[str, Metric]:
-        """The task's own validation metrics by name (logged as val/<name>, the summary's
-        val_<name>): torchmetrics.Metric objects (tasks/metrics.py has small ones), made
-        once; each is updated with every `eval_step`'s (predictions, targets)."""
+        """The task's own validation metrics by name, logged as val/<name>: torchmetrics.Metric
+        objects (tasks/metrics.py has small ones), each updated with every `eval_step`'s."""
 
     @cached_property  # made once: the metrics accumulate, and build_task adds to them
     def validation(self) -> dict[str, Metric]:
-        """Every metric a validation updates: the task's own, then those `task.metrics`
-        adds (build_task)."""
+        """Every metric a validation updates: the task's own, then those `task.metrics` adds."""
         return dict(self.val_metrics())
 
     @property
@@ -138,24 +120,8 @@ class Task(ABC):
 
     @abstractmethod
     def example_batch(self, batch_size: int, device: torch.device) -> Batch:
-        """A batch in the loader's form (a pair, a dict of fields ...) shaped like the
-        training data, for the batch-size finder, the planner and the FLOP counter (random
-        values are fine: they measure memory and arithmetic, not learning)."""
-
-
-def _wrong_loss(loss: Any, terms: Any) -> str | None:
-    """What is wrong with Task.loss's (loss, terms), or None: shapes and types, no device read."""
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        return f"{describe(loss)}, {EXPECTED}"
-    if not isinstance(terms, dict):
-        return f"(loss, {describe(terms)}), {EXPECTED}"
-    for name, term in terms.items():
-        if not isinstance(name, str) or not name or name in TRAINER_NAMES:
-            taken = ", ".join(TRAINER_NAMES)
-            return f"a term named {name!r}; the trainer logs train/ {taken} itself: rename it"
-        if not isinstance(term, torch.Tensor) or term.dim() != 0:
-            return f"the term {name!r} as {describe(term)}, {EXPECTED}"
-    return None
+        """A batch in the loader's form shaped like the training data, for the batch-size finder,
+        the planner and the FLOP count (random values do: they measure memory and arithmetic)."""
 
 
 def build_task(node: DictConfig) -> Task:

@@ -1,8 +1,6 @@
-"""Validation metrics as accumulators: `torchmetrics.Metric`s, updated with each validation
-batch's (predictions, targets) on the device, synced across ranks once, when computed
-(docs/make-it-yours.md, "The task"); their check on the example batch before the run.
-`Mean` is the built-in tasks' small one (two sums on the device); classification's two are
-here, regression's and the language model's beside their tasks.
+"""Validation metrics (`torchmetrics.Metric` accumulators: docs/make-it-yours.md, "The task")
+and their check on the example batch before the run. `Mean` is the built-in tasks' small one
+(two sums on the device); classification's two are here, the others' beside their tasks.
 """
 
 from __future__ import annotations
@@ -66,7 +64,6 @@ class ValidationFailed(Exception):
     def __init__(self, what: str, error: BaseException) -> None:
         said = " ".join(str(error).split())  # one line, whatever the message's own layout
         super().__init__(f"{what} raised {type(error).__name__}: {said}")
-        self.what, self.error = what, error
 
 
 @contextmanager
@@ -103,7 +100,9 @@ def check_metrics(
             copies = copy.deepcopy(dict(task.validation))
             for name, metric in copies.items():
                 metric._to_sync = False  # each rank checks its own copy
-                what = _what(task, name, configured)
+                what = f"task._target_={task_name(task)!r} (its metric {name!r})"
+                if name in configured:
+                    what = f"task.metrics.{name}._target_={configured[name]!r}"
                 try:
                     metric.update(predictions, targets)
                     value = metric.compute()
@@ -131,12 +130,6 @@ def describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {list(value.shape)}"
     return f"a {type(value).__name__}"
-
-
-def _what(task: Any, name: str, configured: Mapping[str, str]) -> str:
-    if name in configured:
-        return f"task.metrics.{name}._target_={configured[name]!r}"
-    return f"task._target_={task_name(task)!r} (its metric {name!r})"
 
 
 def task_name(task: Any) -> str:
