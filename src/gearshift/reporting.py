@@ -14,7 +14,7 @@ from gearshift.build import Run, max_tokens_of
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers
 from gearshift.observe.loss_watch import NONE
-from gearshift.observe.summary import make_summary, write_summary
+from gearshift.observe.summary import run_environment, write_summary
 from gearshift.observe.throughput import Interval, memory_metrics, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
 
@@ -81,12 +81,31 @@ def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: boo
 def summarize(
     run: Run, run_dir: Path, last_loss: float, validation: Validation, logger: NullLogger
 ) -> dict[str, Any]:
-    """summary.json (rank 0 writes it into `run_dir`), the log line and the closing table."""
-    p = run.position
-    summary = make_summary(
-        run.meter, run.device, run.ranks.world_size, p.step, p.samples_counted,
-        last_loss, run.gears, validation.values,
-    )  # fmt: skip
+    """summary.json's figures (docs/observing.md, "What a run leaves behind"), reduced over
+    the ranks; rank 0 writes them into `run_dir` with the log line and the closing table."""
+    p, world, steady = run.position, run.ranks.world_size, run.meter.steady_state()
+    local_peak, peak_kind = peak_memory(run.device)
+    before, since = p.samples_counted
+    (steady_samples, job_samples), (seconds, peak_bytes) = gather_sum_max(
+        [steady.samples, since], [steady.seconds, local_peak], run.device
+    )
+    samples_per_sec = steady_samples / seconds if seconds > 0 else 0.0
+    summary = {
+        "samples_per_sec": samples_per_sec,
+        "samples_per_sec_per_device": samples_per_sec / world,
+        "step_time_ms": steady.median_step_ms,
+        "data_wait_pct": steady.data_wait_pct,
+        "peak_memory_bytes": int(peak_bytes),
+        "peak_memory_kind": peak_kind,
+        "final_loss": last_loss,
+        "steps": p.step,
+        "samples": before + int(job_samples),
+        "world_size": world,
+        "device": str(run.device),
+        "gears": dict(run.gears),
+        "environment": run_environment(),
+        **validation.values,
+    }
     if run.task.tokens_per_sample is not None:  # task=lm: tokens beside samples
         from gearshift.observe.token_rates import token_summary
 
