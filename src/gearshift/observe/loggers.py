@@ -25,7 +25,6 @@ def build_logger(
     continues from (0 for a new one). Not `enabled` (ranks other than 0): none."""
     if not enabled:
         return NullLogger()
-    # each backend's module loads only in a run that selects it
     backends: list[NullLogger] = []
     if cfg.wandb and cfg.mode != "disabled":
         from gearshift.observe.wandb_logger import WandbLogger

@@ -1,8 +1,6 @@
 """The training loss, kept per optimizer step on the device between log steps and checked
-for NaN and inf when it is read (docs/observing.md, "A NaN or inf loss"): each step's loss
-goes into its own slot of a small device buffer (one in-place add per micro-batch), read in
-the log step's one host read, so `on_nonfinite=stop` names the first non-finite step at no
-extra sync. The terms a task's loss returns beside it (Task.loss_terms) share its row.
+for NaN and inf when it is read, at no extra sync (docs/gears.md, "on_nonfinite=stop|skip").
+The terms a task's loss returns beside it (Task.loss_terms) share its row.
 """
 
 from __future__ import annotations

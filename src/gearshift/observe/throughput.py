@@ -1,10 +1,8 @@
-"""Throughput, step time, data-wait share and peak memory, measured without host syncs.
-
-The loop reports each optimizer step (`step`) and each wait for a batch (`add_data_wait`):
-host clock reads and, on CUDA, one recorded event. At log points the loop has just read the
-loss (its one sync), so `flush` reads the events for free. Intervals before `warmup_steps`
-(start-up, compilation, autotuning) and, under profile=on, the profiled steps
-(profiler.py's ProfiledMeter) are kept out of the steady-state figures.
+"""Throughput, step time, data-wait share and peak memory, measured without host syncs
+(docs/gears.md, section 5): clock reads on the host for each step and each wait for a batch
+and, on CUDA, one recorded event a step, read at log points right after the loop's one sync.
+Intervals before `warmup_steps` (start-up, compilation, autotuning) and, under profile=on,
+the profiled steps (profiler.py's ProfiledMeter) are kept out of the steady-state figures.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from itertools import pairwise
 
 import torch
@@ -34,11 +32,8 @@ class Interval:
     step_ms: list[float] = field(default_factory=list)
 
     def add(self, other: Interval) -> None:
-        self.steps += other.steps
-        self.samples += other.samples
-        self.seconds += other.seconds
-        self.data_wait_seconds += other.data_wait_seconds
-        self.step_ms += other.step_ms
+        for f in fields(self):  # each count and sum; the lists of step times join
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     @property
     def samples_per_sec(self) -> float:

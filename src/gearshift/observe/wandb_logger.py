@@ -78,7 +78,6 @@ class WandbLogger(Backend):
     def log_file(self, path: Path, name: str, kind: str) -> None:
         if self.mode != "online":  # offline, the file is in the run folder already
             return
-        # an artifact of `name` holding the file
         self._guarded("artifact", lambda: self.run.log_artifact(str(path), name=name, type=kind))
 
     def close(self, summary: dict[str, Any] | None) -> None:
