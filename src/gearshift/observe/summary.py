@@ -1,5 +1,5 @@
-"""summary.json written (with the log line and the closing table) and a finished run's read
-back; reporting.py `summarize` gathers its figures, the process's environment among them."""
+"""summary.json written (with the log line and the closing table; atomically, as is eval.json)
+and a finished run's read back; reporting.py `summarize` gathers its figures."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from gearshift.observe.console import print_summary
-from gearshift.observe.loggers import write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +25,13 @@ def run_environment() -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write to a temporary file and rename it over `path`: readers never see half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any], table: bool) -> None:
