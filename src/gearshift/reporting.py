@@ -66,7 +66,8 @@ def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: boo
         **means,
         "train/lr": run.optimizers.lr(),
         "perf/samples_per_sec": samples_per_sec,
-        **interval.metrics(),
+        "perf/step_time_ms": interval.median_step_ms,  # this rank's
+        "perf/data_wait_pct": interval.data_wait_pct,
         **run.mfu.metrics(samples_per_sec / world),
         **tokens,
         "mem/peak_gib": peak_bytes / 2**30,

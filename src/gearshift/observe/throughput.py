@@ -47,10 +47,6 @@ class Interval:
     def data_wait_pct(self) -> float:
         return 100.0 * self.data_wait_seconds / self.seconds if self.seconds > 0 else 0.0
 
-    def metrics(self) -> dict[str, float]:
-        """This rank's step time and data-wait share at a log step."""
-        return {"perf/step_time_ms": self.median_step_ms, "perf/data_wait_pct": self.data_wait_pct}
-
 
 class PerfMeter:
     def __init__(self, device: torch.device, warmup_steps: int) -> None:
