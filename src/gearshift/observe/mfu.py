@@ -163,9 +163,8 @@ class MFU:
         return cls(flops, peak, source, flops_source, counted, analytic)
 
     def of(self, samples_per_sec: float) -> float | None:
-        if not self.peak_flops_per_sec:
-            return None
-        return self.flops_per_sample * samples_per_sec / self.peak_flops_per_sec
+        peak = self.peak_flops_per_sec
+        return self.flops_per_sample * samples_per_sec / peak if peak else None
 
     def metrics(self, samples_per_sec: float) -> dict[str, float]:
         """`perf/mfu` for a log step, where the peak is known."""
@@ -175,15 +174,14 @@ class MFU:
     def summary(self, samples_per_sec_per_device: float) -> dict[str, Any]:
         """The figures at the run's throughput; MFU is never clamped (docs/observing.md,
         `peak_flops_beaten`: a CPU's start-up probe may run while the machine is busier)."""
-        achieved = self.flops_per_sample * samples_per_sec_per_device
-        peak, mfu = self.peak_flops_per_sec, self.of(samples_per_sec_per_device)
+        mfu = self.of(samples_per_sec_per_device)
         return {
             "flops_per_sample": self.flops_per_sample,
             "flops_source": self.flops_source,
             "flops_per_sample_counted": self.counted_flops_per_sample,
             "flops_per_sample_analytic": self.analytic_flops_per_sample,
-            "achieved_flops_per_sec": achieved,
-            "peak_flops_per_sec": peak,
+            "achieved_flops_per_sec": self.flops_per_sample * samples_per_sec_per_device,
+            "peak_flops_per_sec": self.peak_flops_per_sec,
             "peak_flops_source": self.peak_flops_source,
             "mfu": mfu,
             "peak_flops_beaten": None if mfu is None else mfu > 1,
