@@ -3,6 +3,7 @@ device, reduced over the ranks in one collective) and the summary at the run's e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,10 @@ def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: boo
     if first_bad > -NONE:
         raise TrainingFailed(run.nonfinite(int(-first_bad)))
     counted = (interval.steps - skipped) * world  # skipped steps' losses are left out
-    means = run.losses.means(totals, counted)  # train/loss, then the task's terms
+    means = {  # train/loss, then the task's terms (none counted: NaN)
+        f"train/{name}": total / counted if counted else math.nan
+        for name, total in zip(sums, totals, strict=True)
+    }
     samples_per_sec = global_samples / interval.seconds
     tokens: dict[str, float] = {}
     if run.task.tokens_per_sample is not None:  # task=lm: tokens/s beside samples/s

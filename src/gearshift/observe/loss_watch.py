@@ -87,15 +87,6 @@ class LossWatch:
         sums = {name: math.fsum(row[i] for row in steps) for i, name in enumerate(names)}
         return sums, first_bad, skipped, values
 
-    def means(self, totals: list[float], counted: int) -> dict[str, float]:
-        """train/loss, then train/<name> for each term: the sums of `read` (gathered over
-        ranks) over the `counted` steps and ranks (none counted: NaN)."""
-        names = ["loss", *(self.names or [])]
-        return {
-            f"train/{name}": total / counted if counted else math.nan
-            for name, total in zip(names, totals, strict=True)
-        }
-
     def metrics(self) -> dict[str, int]:
         """What a log step reports beside the losses: none here (loss_skip.py: steps skipped)."""
         return {}
