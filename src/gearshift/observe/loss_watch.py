@@ -65,8 +65,7 @@ class LossWatch:
         """(each step's row, the first step whose loss was not finite or None, the `extra`
         scalars' values): one host read."""
         rows = self.losses[: self.used]
-        readings = torch.cat([rows.double().flatten(), *(t.double().view(1) for t in extra)])
-        values = readings.tolist()
+        values = torch.cat([rows.double().flatten(), *(t.double().view(1) for t in extra)]).tolist()
         width, cut = rows.shape[1], rows.numel()
         steps = [values[i : i + width] for i in range(0, cut, width)]
         bad = next((i for i, row in enumerate(steps) if not math.isfinite(row[0])), None)

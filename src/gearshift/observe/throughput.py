@@ -102,9 +102,7 @@ class PerfMeter:
         wall = time.perf_counter() - self._start_time
         if self.cuda:
             last.synchronize()
-            between_ms = lambda a, b: a.elapsed_time(b)  # noqa: E731
-        else:
-            between_ms = lambda a, b: 1000 * (b - a)  # noqa: E731
+        between_ms = torch.cuda.Event.elapsed_time if self.cuda else lambda a, b: 1000 * (b - a)
         paused = sum(between_ms(a, b) for a, b in self._pauses) / 1000
         interval.step_ms = [
             between_ms(a, b) for marks in self._segments for a, b in pairwise(marks)

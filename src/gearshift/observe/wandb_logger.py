@@ -71,9 +71,8 @@ class WandbLogger(Backend):
 
     def log_text(self, key: str, texts: list[str], step: int) -> None:
         # one row per text; the step is a column too, so the tables of several steps compare
-        self.log_table(
-            key, ["step", "index", "text"], [[step, i, t] for i, t in enumerate(texts)], step
-        )
+        rows = [[step, i, text] for i, text in enumerate(texts)]
+        self.log_table(key, ["step", "index", "text"], rows, step)
 
     def log_file(self, path: Path, name: str, kind: str) -> None:
         if self.mode != "online":  # offline, the file is in the run folder already
