@@ -43,8 +43,7 @@ class LogPoint:
 def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: bool) -> LogPoint:
     """The metrics of the interval since the last log step. A NaN/inf loss on any rank
     since then ends the run here (TrainingFailed) under on_nonfinite=stop."""
-    extra = [] if grad_norm is None else [grad_norm]
-    sums, first_bad, skipped, norm = run.losses.read(extra)  # one read for all
+    sums, first_bad, skipped, norm = run.losses.read([] if grad_norm is None else [grad_norm])
     interval = run.meter.flush()
     peak_bytes, _ = peak_memory(run.device)
     world = run.ranks.world_size

@@ -17,8 +17,7 @@ log = logging.getLogger(__name__)
 
 
 def run_environment() -> dict[str, Any]:
-    """What this process was given to run on: the CPU cores it may use (a launcher's slot,
-    a job's or a container's share), torch's threads, and the GPUs it was shown."""
+    """summary.json's `environment` (docs/observing.md): what this process was given to run on."""
     return {
         "cpu_cores": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "torch_threads": torch.get_num_threads(),

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from itertools import pairwise
 
 import torch
@@ -32,8 +32,11 @@ class Interval:
     step_ms: list[float] = field(default_factory=list)
 
     def add(self, other: Interval) -> None:
-        for f in fields(self):  # each count and sum; the lists of step times join
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.steps += other.steps
+        self.samples += other.samples
+        self.seconds += other.seconds
+        self.data_wait_seconds += other.data_wait_seconds
+        self.step_ms += other.step_ms
 
     @property
     def samples_per_sec(self) -> float:

@@ -36,7 +36,6 @@ class WandbLogger(Backend):
     label = "W&B"
 
     def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict, name: str | None) -> None:
-        self.run = None
         mode = self.mode = wandb_mode(cfg.mode)
 
         def start() -> None:
