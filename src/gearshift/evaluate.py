@@ -40,7 +40,7 @@ from gearshift.config.schema import Config
 from gearshift.engine.ema import build_ema
 from gearshift.engine.runtime import resolve_device
 from gearshift.models.factory import build_model, memory_layout
-from gearshift.observe.loggers import write_json_atomic
+from gearshift.observe.summary import write_json_atomic
 from gearshift.parallel.distributed import Ranks
 from gearshift.run_endings import EXIT_BAD_CONFIG, culprit, describe_error
 from gearshift.state.checkpoint_folders import CheckpointError

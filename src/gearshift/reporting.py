@@ -3,6 +3,7 @@ device, reduced over the ranks in one collective) and the summary at the run's e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from gearshift.build import Run, max_tokens_of
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import Optimizers
 from gearshift.observe.loss_watch import NONE
-from gearshift.observe.summary import make_summary, write_summary
+from gearshift.observe.summary import run_environment, write_summary
 from gearshift.observe.throughput import Interval, memory_metrics, peak_memory
 from gearshift.parallel.distributed import gather_sum_max
 
@@ -42,8 +43,7 @@ class LogPoint:
 def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: bool) -> LogPoint:
     """The metrics of the interval since the last log step. A NaN/inf loss on any rank
     since then ends the run here (TrainingFailed) under on_nonfinite=stop."""
-    extra = [] if grad_norm is None else [grad_norm]
-    sums, first_bad, skipped, norm = run.losses.read(extra)  # one read for all
+    sums, first_bad, skipped, norm = run.losses.read([] if grad_norm is None else [grad_norm])
     interval = run.meter.flush()
     peak_bytes, _ = peak_memory(run.device)
     world = run.ranks.world_size
@@ -55,7 +55,10 @@ def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: boo
     if first_bad > -NONE:
         raise TrainingFailed(run.nonfinite(int(-first_bad)))
     counted = (interval.steps - skipped) * world  # skipped steps' losses are left out
-    means = run.losses.means(totals, counted)  # train/loss, then the task's terms
+    means = {  # train/loss, then the task's terms (none counted: NaN)
+        f"train/{name}": total / counted if counted else math.nan
+        for name, total in zip(sums, totals, strict=True)
+    }
     samples_per_sec = global_samples / interval.seconds
     tokens: dict[str, float] = {}
     if run.task.tokens_per_sample is not None:  # task=lm: tokens/s beside samples/s
@@ -66,7 +69,8 @@ def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: boo
         **means,
         "train/lr": run.optimizers.lr(),
         "perf/samples_per_sec": samples_per_sec,
-        **interval.metrics(),
+        "perf/step_time_ms": interval.median_step_ms,  # this rank's
+        "perf/data_wait_pct": interval.data_wait_pct,
         **run.mfu.metrics(samples_per_sec / world),
         **tokens,
         "mem/peak_gib": peak_bytes / 2**30,
@@ -81,12 +85,31 @@ def read_log_point(run: Run, grad_norm: torch.Tensor | None, stop_requested: boo
 def summarize(
     run: Run, run_dir: Path, last_loss: float, validation: Validation, logger: NullLogger
 ) -> dict[str, Any]:
-    """summary.json (rank 0 writes it into `run_dir`), the log line and the closing table."""
-    p = run.position
-    summary = make_summary(
-        run.meter, run.device, run.ranks.world_size, p.step, p.samples_counted,
-        last_loss, run.gears, validation.values,
-    )  # fmt: skip
+    """summary.json's figures (docs/observing.md, "What a run leaves behind"), reduced over
+    the ranks; rank 0 writes them into `run_dir` with the log line and the closing table."""
+    p, world, steady = run.position, run.ranks.world_size, run.meter.steady_state()
+    local_peak, peak_kind = peak_memory(run.device)
+    before, since = p.samples_counted
+    (steady_samples, job_samples), (seconds, peak_bytes) = gather_sum_max(
+        [steady.samples, since], [steady.seconds, local_peak], run.device
+    )
+    samples_per_sec = steady_samples / seconds if seconds > 0 else 0.0
+    summary = {
+        "samples_per_sec": samples_per_sec,
+        "samples_per_sec_per_device": samples_per_sec / world,
+        "step_time_ms": steady.median_step_ms,
+        "data_wait_pct": steady.data_wait_pct,
+        "peak_memory_bytes": int(peak_bytes),
+        "peak_memory_kind": peak_kind,
+        "final_loss": last_loss,
+        "steps": p.step,
+        "samples": before + int(job_samples),
+        "world_size": world,
+        "device": str(run.device),
+        "gears": dict(run.gears),
+        "environment": run_environment(),
+        **validation.values,
+    }
     if run.task.tokens_per_sample is not None:  # task=lm: tokens beside samples
         from gearshift.observe.token_rates import token_summary
 

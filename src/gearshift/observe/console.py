@@ -19,10 +19,9 @@ from rich.table import Table
 
 class ProgressBar:
     """The training bar (rank 0's, `progress_bar`): steps done, samples/s and the loss,
-    redrawn at log steps only."""
+    redrawn at log steps only (no background refresh: it costs nothing between them)."""
 
     def __init__(self, enabled: bool, total: int, completed: int) -> None:
-        # No background refresh: the loop refreshes at log steps, so it costs nothing between.
         self.progress = Progress(
             TextColumn("[bold]train"),
             BarColumn(),
@@ -83,9 +82,8 @@ def print_summary(summary: dict[str, Any], console: Console | None = None) -> No
         for key, value in summary.items()
         if key.startswith("val_")
     ]
-    gears = summary["gears"]
-    shown = {k: v for k, v in gears.items() if not k.endswith("_reason")}  # in the log instead
-    rows.append(("gears", ", ".join(f"{k}={v}" for k, v in shown.items())))
+    shown = [f"{k}={v}" for k, v in summary["gears"].items() if not k.endswith("_reason")]
+    rows.append(("gears", ", ".join(shown)))  # the reasons are in the log instead
     for name, value in rows:
         table.add_row(name, value)
     (console or Console()).print(table)

@@ -1,6 +1,5 @@
-"""The logger interface (`NullLogger`) and what every backend shares (`Backend`: its first
-failure is one warning). Each backend's module loads only where `logger=` names it.
-"""
+"""The logger interface (`NullLogger`) and what every backend shares (`Backend`); loggers.py
+builds the backends `logger=` names."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """Where metrics go besides the console (docs/observing.md, "Loggers"): the backends
-`logger=` selects, one or several, each loaded only then, and summary.json's atomic write.
-"""
+`logger=` selects, one or several, each loaded only then."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
-from typing import Any
 
 from gearshift.config.schema import LoggerConfig
 from gearshift.observe.logger_backend import NullLogger
@@ -25,7 +21,6 @@ def build_logger(
     continues from (0 for a new one). Not `enabled` (ranks other than 0): none."""
     if not enabled:
         return NullLogger()
-    # each backend's module loads only in a run that selects it
     backends: list[NullLogger] = []
     if cfg.wandb and cfg.mode != "disabled":
         from gearshift.observe.wandb_logger import WandbLogger
@@ -44,10 +39,3 @@ def build_logger(
     from gearshift.observe.several_loggers import Loggers
 
     return Loggers(backends)
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write to a temporary file and rename it over `path`: readers never see half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)

@@ -1,8 +1,6 @@
 """The training loss, kept per optimizer step on the device between log steps and checked
-for NaN and inf when it is read (docs/observing.md, "A NaN or inf loss"): each step's loss
-goes into its own slot of a small device buffer (one in-place add per micro-batch), read in
-the log step's one host read, so `on_nonfinite=stop` names the first non-finite step at no
-extra sync. The terms a task's loss returns beside it (Task.loss_terms) share its row.
+for NaN and inf when it is read, at no extra sync (docs/gears.md, "on_nonfinite=stop|skip").
+The terms a task's loss returns beside it (Task.loss_terms) share its row.
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ class LossWatch:
         """(each step's row, the first step whose loss was not finite or None, the `extra`
         scalars' values): one host read."""
         rows = self.losses[: self.used]
-        readings = torch.cat([rows.double().flatten(), *(t.double().view(1) for t in extra)])
-        values = readings.tolist()
+        values = torch.cat([rows.double().flatten(), *(t.double().view(1) for t in extra)]).tolist()
         width, cut = rows.shape[1], rows.numel()
         steps = [values[i : i + width] for i in range(0, cut, width)]
         bad = next((i for i, row in enumerate(steps) if not math.isfinite(row[0])), None)
@@ -88,15 +85,6 @@ class LossWatch:
         names = ["loss", *(self.names or [])]
         sums = {name: math.fsum(row[i] for row in steps) for i, name in enumerate(names)}
         return sums, first_bad, skipped, values
-
-    def means(self, totals: list[float], counted: int) -> dict[str, float]:
-        """train/loss, then train/<name> for each term: the sums of `read` (gathered over
-        ranks) over the `counted` steps and ranks (none counted: NaN)."""
-        names = ["loss", *(self.names or [])]
-        return {
-            f"train/{name}": total / counted if counted else math.nan
-            for name, total in zip(names, totals, strict=True)
-        }
 
     def metrics(self) -> dict[str, int]:
         """What a log step reports beside the losses: none here (loss_skip.py: steps skipped)."""

@@ -30,8 +30,7 @@ _aten = torch.ops.aten
 def _as_counted(flash_op) -> Callable[..., int]:
     """A CUDA flash-attention op's registered formula, lent to the CPU op of the same maths:
     FlopCounterMode has none for the CPU's kernels, so attention counts on both devices."""
-    # the registered formula takes tensors already (shape-wrapped when registered)
-    count = partial(flop_registry[flash_op])
+    count = partial(flop_registry[flash_op])  # takes tensors already (wrapped when registered)
     count._get_raw = True  # FlopCounterMode: do not wrap it a second time
     return count
 
@@ -48,13 +47,11 @@ CPU_ATTENTION_FLOPS = {
 
 @cache
 def cpu_matmul_peak(dtype: torch.dtype, matmul_precision: str, threads: int) -> tuple[float, int]:
-    """(best FLOP/s, n) of n x n matmuls in `dtype`, measured here once per process.
-
-    n doubles from 256 to 2048 while the next size would take under a quarter second: every
-    run on a CPU pays this at start (about half a second on one core; a 1024 matmul there is
-    within a few percent of a 2048's rate), and a dtype the CPU has no fast kernels for
-    (float16 on most) costs no more.
-    """
+    """(best FLOP/s, n) of n x n matmuls in `dtype`, measured here once per process. n doubles
+    from 256 to 2048 while the next size would take under a quarter second: every run on a CPU
+    pays this at start (about half a second on one core; a 1024 matmul there is within a few
+    percent of a 2048's rate), and a dtype the CPU has no fast kernels for (float16 on most)
+    costs no more."""
     n, g = 256, torch.Generator().manual_seed(0)  # its own stream: the run's stays untouched
     while True:
         a, b = (torch.randn(n, n, generator=g).to(dtype) for _ in range(2))
@@ -72,11 +69,10 @@ def compute_dtype(precision: Precision, device: torch.device, model: nn.Module) 
     """The dtype the matmuls and convolutions run in: autocast's, TF32, or float32."""
     if precision.dtype is not None:
         return str(precision.dtype).removeprefix("torch.")
-    if device.type == "cuda":
-        has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
-        if torch.backends.cuda.matmul.allow_tf32 or (torch.backends.cudnn.allow_tf32 and has_conv):
-            return "tf32"  # matmul_precision=high, or cuDNN's convolutions (TF32 by default)
-    return "float32"
+    convs = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+    # matmul_precision=high, or cuDNN's convolutions (TF32 by default)
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or (torch.backends.cudnn.allow_tf32 and convs)
+    return "tf32" if device.type == "cuda" and tf32 else "float32"
 
 
 def peak_flops(device: torch.device, dtype: str, matmul_precision: str) -> tuple[float | None, str]:
@@ -98,13 +94,9 @@ def count_flops_per_sample(
     precision: Precision,
     memory_format: torch.memory_format,
 ) -> float:
-    """Forward + backward FLOPs of one training sample, counted on the task's example batch
-    of two samples.
-
-    The pass runs on detached copies of the parameters and buffers, so the model's
-    gradients and BatchNorm statistics are left as they were, and so is the run's random
-    stream.
-    """
+    """Forward + backward FLOPs of one training sample, counted on the task's example batch of
+    two samples, on detached copies of the parameters and buffers: the model's gradients and
+    BatchNorm statistics are left as they were, and so is the run's random stream."""
     state = {
         name: p.detach().requires_grad_(p.requires_grad) for name, p in model.named_parameters()
     }
@@ -171,9 +163,8 @@ class MFU:
         return cls(flops, peak, source, flops_source, counted, analytic)
 
     def of(self, samples_per_sec: float) -> float | None:
-        if not self.peak_flops_per_sec:
-            return None
-        return self.flops_per_sample * samples_per_sec / self.peak_flops_per_sec
+        peak = self.peak_flops_per_sec
+        return self.flops_per_sample * samples_per_sec / peak if peak else None
 
     def metrics(self, samples_per_sec: float) -> dict[str, float]:
         """`perf/mfu` for a log step, where the peak is known."""
@@ -183,15 +174,14 @@ class MFU:
     def summary(self, samples_per_sec_per_device: float) -> dict[str, Any]:
         """The figures at the run's throughput; MFU is never clamped (docs/observing.md,
         `peak_flops_beaten`: a CPU's start-up probe may run while the machine is busier)."""
-        achieved = self.flops_per_sample * samples_per_sec_per_device
-        peak, mfu = self.peak_flops_per_sec, self.of(samples_per_sec_per_device)
+        mfu = self.of(samples_per_sec_per_device)
         return {
             "flops_per_sample": self.flops_per_sample,
             "flops_source": self.flops_source,
             "flops_per_sample_counted": self.counted_flops_per_sample,
             "flops_per_sample_analytic": self.analytic_flops_per_sample,
-            "achieved_flops_per_sec": achieved,
-            "peak_flops_per_sec": peak,
+            "achieved_flops_per_sec": self.flops_per_sample * samples_per_sec_per_device,
+            "peak_flops_per_sec": self.peak_flops_per_sec,
             "peak_flops_source": self.peak_flops_source,
             "mfu": mfu,
             "peak_flops_beaten": None if mfu is None else mfu > 1,

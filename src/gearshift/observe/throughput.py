@@ -1,10 +1,8 @@
-"""Throughput, step time, data-wait share and peak memory, measured without host syncs.
-
-The loop reports each optimizer step (`step`) and each wait for a batch (`add_data_wait`):
-host clock reads and, on CUDA, one recorded event. At log points the loop has just read the
-loss (its one sync), so `flush` reads the events for free. Intervals before `warmup_steps`
-(start-up, compilation, autotuning) and, under profile=on, the profiled steps
-(profiler.py's ProfiledMeter) are kept out of the steady-state figures.
+"""Throughput, step time, data-wait share and peak memory, measured without host syncs
+(docs/gears.md, section 5): clock reads on the host for each step and each wait for a batch
+and, on CUDA, one recorded event a step, read at log points right after the loop's one sync.
+Intervals before `warmup_steps` (start-up, compilation, autotuning) and, under profile=on,
+the profiled steps (profiler.py's ProfiledMeter) are kept out of the steady-state figures.
 """
 
 from __future__ import annotations
@@ -51,10 +49,6 @@ class Interval:
     @property
     def data_wait_pct(self) -> float:
         return 100.0 * self.data_wait_seconds / self.seconds if self.seconds > 0 else 0.0
-
-    def metrics(self) -> dict[str, float]:
-        """This rank's step time and data-wait share at a log step."""
-        return {"perf/step_time_ms": self.median_step_ms, "perf/data_wait_pct": self.data_wait_pct}
 
 
 class PerfMeter:
@@ -111,9 +105,7 @@ class PerfMeter:
         wall = time.perf_counter() - self._start_time
         if self.cuda:
             last.synchronize()
-            between_ms = lambda a, b: a.elapsed_time(b)  # noqa: E731
-        else:
-            between_ms = lambda a, b: 1000 * (b - a)  # noqa: E731
+        between_ms = torch.cuda.Event.elapsed_time if self.cuda else lambda a, b: 1000 * (b - a)
         paused = sum(between_ms(a, b) for a, b in self._pauses) / 1000
         interval.step_ms = [
             between_ms(a, b) for marks in self._segments for a, b in pairwise(marks)

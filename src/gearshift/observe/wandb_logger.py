@@ -36,7 +36,6 @@ class WandbLogger(Backend):
     label = "W&B"
 
     def __init__(self, cfg: LoggerConfig, run_dir: Path, config: dict, name: str | None) -> None:
-        self.run = None
         mode = self.mode = wandb_mode(cfg.mode)
 
         def start() -> None:
@@ -71,14 +70,12 @@ class WandbLogger(Backend):
 
     def log_text(self, key: str, texts: list[str], step: int) -> None:
         # one row per text; the step is a column too, so the tables of several steps compare
-        self.log_table(
-            key, ["step", "index", "text"], [[step, i, t] for i, t in enumerate(texts)], step
-        )
+        rows = [[step, i, text] for i, text in enumerate(texts)]
+        self.log_table(key, ["step", "index", "text"], rows, step)
 
     def log_file(self, path: Path, name: str, kind: str) -> None:
         if self.mode != "online":  # offline, the file is in the run folder already
             return
-        # an artifact of `name` holding the file
         self._guarded("artifact", lambda: self.run.log_artifact(str(path), name=name, type=kind))
 
     def close(self, summary: dict[str, Any] | None) -> None:
