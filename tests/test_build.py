@@ -11,9 +11,8 @@ import torch
 from helpers import make_cfg
 
 import gearshift.build
-from gearshift import evaluate
+from gearshift import config_advice, evaluate
 from gearshift.engine import cpu_probe
-from gearshift.observe import findings
 from gearshift.state import checkpoint_reads
 from gearshift.state.checkpoint_folders import latest_checkpoint
 from gearshift.state.checkpoint_reads import Saved, load_checkpoint
@@ -100,7 +99,7 @@ def test_evaluate_builds_no_optimizer_profiler_mfu_or_advice(tmp_path, monkeypat
         gearshift.build.MFU, "measure", recording("MFU", gearshift.build.MFU.measure)
     )
     # build_run imports the advisor where advise=true asks for it
-    monkeypatch.setattr(findings, "advise", recording("advise", findings.advise))
+    monkeypatch.setattr(config_advice, "advise", recording("advise", config_advice.advise))
     checkpoint = latest_checkpoint(tmp_path / "checkpoints")
     assert evaluate.main([f"resume={checkpoint}", "logger=none", "advise=true"]) == 0
     assert built == []
