@@ -30,7 +30,7 @@ import torch
 from omegaconf import DictConfig
 
 from gearshift.build import Run, build_run, distributed_job
-from gearshift.config import DataError
+from gearshift.data import DataError
 from gearshift.data.loading import to_device
 from gearshift.engine.failures import TrainingFailed
 from gearshift.engine.optim import clip_grad_norm

@@ -2,6 +2,6 @@
 
 from gearshift.config import schema  # noqa: F401  (registers the schema with the ConfigStore)
 from gearshift.config.checks import check_config
-from gearshift.config.rules import ConfigError, DataError
+from gearshift.config.rules import ConfigError
 
-__all__ = ["ConfigError", "DataError", "check_config"]
+__all__ = ["ConfigError", "check_config"]

@@ -1,7 +1,7 @@
-"""The errors of a config and the rules its checks share (schema.py, targets.py, checks.py).
+"""The error of a config and the rules its checks share (schema.py, targets.py, checks.py).
 
 `ConfigError` is a value that is not allowed, said in one line naming the key, the value
-and what is allowed; `DataError` is data that cannot be read, met while training.
+and what is allowed.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import importlib
 import inspect
 import types
 import typing
-from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -19,22 +18,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 class ConfigError(ValueError):
     """A config value that is not allowed; the message is one line for the user."""
-
-
-class DataError(ConfigError):
-    """Data that cannot be read, met while training (a damaged file) rather than by a config
-    check: the training loop catches it, saves a checkpoint at its last optimizer step, then
-    ends with this one line (exit 2). It lives in config/, the bottom layer, so that data/ can
-    raise it and train.py's loop catch it, both importing it from `gearshift.config`."""
-
-    remedy = "fix the data"
-
-    def after(self, checkpoint: Path | None) -> DataError:
-        """This error, its message now saying where training stopped and how to go on."""
-        if checkpoint is not None:
-            remedy = f"{self.remedy}, then run the same command again to resume"
-            self.args = (f"{self}; saved {checkpoint}: {remedy}",)
-        return self
 
 
 def is_searchpath(override: str) -> bool:

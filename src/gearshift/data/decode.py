@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from gearshift.config import DataError
+from gearshift.data import DataError
 
 log = logging.getLogger(__name__)
 
