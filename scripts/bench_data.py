@@ -179,9 +179,11 @@ def configurations(
         rows["uint8, data=hf (Parquet)"] = lambda: gearshift_loader(
             ["data=hf", *packed, f"data.path={write_parquet(folder, stage / 'parquet')}"], device
         )
-    if device.type == "cuda":
-        rows["decode=gpu (nvJPEG)"] = ours("data.decode=gpu")
-        rows["decode=gpu, staged jpeg"] = ours(*staged, "data.stage_format=jpeg", "data.decode=gpu")
+    if device.type != "cuda":
+        return rows
+    # data.decode=gpu (nvJPEG), CUDA only: a line each, for a fork deleting it (docs/layout.md)
+    rows["decode=gpu (nvJPEG)"] = ours("data.decode=gpu")
+    rows["decode=gpu, staged jpeg"] = ours(*staged, "data.stage_format=jpeg", "data.decode=gpu")
     return rows
 
 

@@ -34,7 +34,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 
 echo "== gpu tests"
-"$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_pipeline.py tests/test_gpu_decode.py \
+"$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_pipeline.py \
+  tests/test_gpu_decode.py \
   tests/test_nonfinite.py tests/test_profile.py tests/test_clipping.py tests/test_blocks.py \
   tests/test_deterministic.py tests/test_ema.py -p no:cacheprovider
 

@@ -17,6 +17,8 @@ import torch
 from helpers import SyncCounter, make_cfg, seconds, stops_at_damaged_file
 from PIL import Image
 from test_checkpoint import assert_same_parameters, stop_and_resume
+from test_datasets import folder_cfg, run_dir
+from test_images_uint8 import damage_one, write_photos
 
 from gearshift.config import ConfigError, check_config
 from gearshift.data.decode import centre_square
@@ -33,6 +35,7 @@ from gearshift.data.gpu_decode import (
 from gearshift.data.loading import to_device
 from gearshift.data.transforms_off import source_transforms
 from gearshift.data_batches import data_batches
+from gearshift.state.checkpoint_reads import load_checkpoint
 from train import fit
 
 CPU = torch.device("cpu")
@@ -222,6 +225,20 @@ def test_a_damaged_jpeg_found_mid_epoch_is_named_after_a_checkpoint(tmp_path):
         tmp_path / "images", "gpu", "model=simple_cnn", "data.val_fraction=0", "epochs=1"
     )
     stops_at_damaged_file(cfg, tmp_path / "run", damaged)
+
+
+def test_a_damaged_jpeg_found_mid_epoch_stops_the_run_at_an_optimizer_step(tmp_path):
+    # the host decoders' case (tests/test_images_uint8.py) with the device decoding
+    write_photos(tmp_path / "images", per_class=8)
+    damaged = damage_one(tmp_path / "images")
+    cfg = folder_cfg(
+        tmp_path / "images", "model=simple_cnn", "data.val_fraction=0", "data.num_samples=null",
+        "accum=2", "epochs=1", "data.decode=gpu",
+    )  # fmt: skip
+    checkpoint = stops_at_damaged_file(cfg, run_dir(tmp_path), damaged)
+    position = load_checkpoint(checkpoint)["position"]
+    # at an optimizer step (2 batches of 8): no accumulation window cut short
+    assert position["epoch_samples"] % (2 * 8) == 0
 
 
 def test_the_decoding_thread_keeps_order_hands_errors_over_in_place_and_ends_with_the_loop(

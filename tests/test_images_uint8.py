@@ -281,7 +281,7 @@ def test_stop_mid_epoch_then_resume_equals_an_uninterrupted_run(tmp_path, readin
     assert_same_parameters(resumed.model, whole.model)
 
 
-def _damage_one(images: Path) -> Path:
+def damage_one(images: Path) -> Path:
     whole = (images / "c2" / "0.jpg").read_bytes()
     damaged = images / "c2" / "zz-damaged.jpg"
     damaged.write_bytes(whole[: len(whole) // 2])  # a valid header, half the data
@@ -291,13 +291,12 @@ def _damage_one(images: Path) -> Path:
 @pytest.mark.parametrize(
     "reading",
     [("data.decoder=simplejpeg" if installed("simplejpeg") else "data.decoder=torchvision",),
-     ("data.batch_dtype=float32", "dataloader.num_workers=2"),
-     ("data.decode=gpu",)],  # decode_jpeg decodes on the CPU too (gpu_decode.py)
-    ids=["uint8", "float32-workers", "decode-gpu"],
+     ("data.batch_dtype=float32", "dataloader.num_workers=2")],
+    ids=["uint8", "float32-workers"],  # data.decode=gpu's: tests/test_gpu_decode.py
 )  # fmt: skip
 def test_a_damaged_file_found_mid_epoch_is_named_after_a_checkpoint(tmp_path, reading):
     write_photos(tmp_path / "images", per_class=8)
-    damaged = _damage_one(tmp_path / "images")
+    damaged = damage_one(tmp_path / "images")
     cfg = folder_cfg(
         tmp_path / "images", "model=simple_cnn", "data.val_fraction=0", "data.num_samples=null",
         "accum=2", "epochs=1", *reading,
@@ -310,7 +309,7 @@ def test_a_damaged_file_found_mid_epoch_is_named_after_a_checkpoint(tmp_path, re
 
 def test_a_damaged_file_mid_epoch_ends_the_command_with_one_line(tmp_path):
     write_photos(tmp_path / "images", per_class=8)
-    damaged = _damage_one(tmp_path / "images")
+    damaged = damage_one(tmp_path / "images")
     (tmp_path / "work").mkdir()
     result = run_train(
         "data=imagefolder", f"data.path={tmp_path / 'images'}", "data.num_classes=3",

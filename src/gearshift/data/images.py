@@ -30,7 +30,6 @@ from torch.utils.data import Dataset
 
 from gearshift.config import ConfigError
 from gearshift.data.decode import centre_square, choose_decoder
-from gearshift.data.gpu_decode import JpegFiles, find_non_jpegs
 from gearshift.data.resized import stage_resized
 from gearshift.data.staging import file_lock, stage
 
@@ -273,7 +272,10 @@ def image_reader(
 
 def _jpeg_files(
     data: SimpleNamespace, classes: list[str], train: list, val: list
-) -> tuple[JpegFiles, JpegFiles | None]:
+) -> tuple[Dataset, Dataset | None]:
+    # lazily: data.decode=gpu's alone, a capability a fork may delete (docs/layout.md)
+    from gearshift.data.gpu_decode import JpegFiles, find_non_jpegs
+
     if data.stage_to and data.stage_format == "jpeg":  # the device decodes the resized copy
         staged = stage_resized([path for path, _ in train + val], data, Path(data.stage_to))
         train, val = ([(staged.file_of(path), label) for path, label in s] for s in (train, val))
