@@ -246,8 +246,11 @@ def index_build_time(root: Path, members: int = 10_000) -> tuple[float, float]:
 
 
 def installed_hf() -> bool:
+    """data=hf's row: the source (unless deleted) and the datasets library (an extra)."""
     try:
         import datasets  # noqa: F401
+
+        import gearshift.data.hf  # noqa: F401
     except ImportError:
         return False
     return True

@@ -304,8 +304,8 @@ UNKNOWN_KEYS = [
         "fooo=1",
         "fooo=1 is not allowed; the config has no key 'fooo'; its keys: accum, advise, amp,",
     ),
-    (  # a key that moved: its new spelling
-        "data=hf data.image_column=img",
+    (  # a key that moved: its new spelling, whatever the source
+        "data.image_column=img",
         "data.image_column=img is not allowed; the key is now data.fields.inputs: "
         "data.fields.inputs=img",
     ),

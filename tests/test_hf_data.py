@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 from functools import partial
+from types import SimpleNamespace
 
 import datasets
 import numpy as np
@@ -13,11 +14,11 @@ import pytest
 import torch
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
 from datasets import Image as ImageFeature
-from helpers import load_script, make_cfg, run_train
+from helpers import ROOT, load_script, make_cfg, run_train, train_in_process
 from PIL import Image
 from test_checkpoint import assert_a_stream_or_index_source_resumes_exactly
 from test_datasets import CPU
-from test_images_uint8 import photo
+from test_images_uint8 import assert_every_row_ends_with_the_recipes_kind_of_batch, photo
 
 from gearshift.build import build_parts
 from gearshift.config import ConfigError, check_config
@@ -187,6 +188,19 @@ def test_where_to_read_from_is_checked_at_start(tmp_path):
     ) and "\n" not in str(error.value)
 
 
+def test_a_bad_streaming_value_is_one_line_before_any_run_folder(tmp_path):
+    # the issue's command: it trained as if true (tests/test_typed_nodes.py checks the other
+    # sources', models' and tasks' keys)
+    done = train_in_process(
+        "data=hf", "data.path=.", "data.streaming=sometimes", "max_steps=1", cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.splitlines() == [
+        "error: data.streaming='sometimes' is not allowed; choose true or false"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
 def cifar100_like(per_class: int) -> Dataset:
     """CIFAR-100's column names: `img`, `fine_label` (3 classes here) and `coarse_label` (2)."""
     rows = [(k, i) for i in range(per_class) for k in range(3)]
@@ -296,6 +310,21 @@ def test_a_truncated_parquet_file_is_named(tmp_path):
         "(ArrowInvalid: Parquet magic bytes not found in footer. Either the file is corrupted "
         "or this is not a parquet file.)"
     ), str(error.value)
+
+
+def test_bench_data_has_the_hf_row_and_it_ends_with_the_recipes_kind_of_batch(
+    tmp_path, monkeypatch
+):
+    # the rest of scripts/bench_data.py's rows: tests/test_images_uint8.py
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import bench_data
+
+    bench_data.write_folder(tmp_path / "images", 12, 3, (60, 60))
+    args = SimpleNamespace(classes=3, size=32, batch=4, workers=0)
+    rows = bench_data.configurations(tmp_path / "images", tmp_path / "stage", args, CPU)
+    assert "uint8, data=hf (Parquet)" in rows
+    compared = {name: rows[name] for name in ("torchvision recipe", "uint8, data=hf (Parquet)")}
+    assert_every_row_ends_with_the_recipes_kind_of_batch(bench_data, compared)
 
 
 # ---------------------------------------------------------------- a text column for task=lm

@@ -345,13 +345,17 @@ def test_every_bench_data_row_ends_with_the_recipes_kind_of_batch(tmp_path, monk
 
     bench_data.write_folder(tmp_path / "images", 12, 3, (60, 60))
     args = SimpleNamespace(classes=3, size=32, batch=4, workers=0)
-    import datasets
-
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
+    monkeypatch.setattr(bench_data, "installed_hf", lambda: False)  # tests/test_hf_data.py
     monkeypatch.setenv("GEARSHIFT_CACHE", str(tmp_path / "cache"))
     rows = bench_data.configurations(tmp_path / "images", tmp_path / "stage", args, CPU)
     assert "torchvision recipe" in rows and "uint8, staged raw" in rows
-    assert "uint8, data=hf (Parquet)" in rows  # data=shards' rows: tests/test_shards.py
+    # data=shards' rows: tests/test_shards.py; data=hf's row: tests/test_hf_data.py
+    assert_every_row_ends_with_the_recipes_kind_of_batch(bench_data, rows)
+
+
+def assert_every_row_ends_with_the_recipes_kind_of_batch(bench_data, rows: dict) -> None:
+    """Each of scripts/bench_data.py's `rows` (the torchvision recipe's first) makes
+    normalised float32 images of the same size, close to the recipe's."""
     reference = None
     for name, build in rows.items():
         batches, place = build()

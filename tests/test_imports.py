@@ -112,6 +112,7 @@ NOT_CONFIGURED = (
     "gearshift.data_batches",  # no run: the tests' and the scripts' batches
     "gearshift.config.token_targets",  # data=synthetic_tokens, data=tokens, model=gpt, task=lm
     "gearshift.config.disk_targets",  # the sources read from disk
+    "gearshift.config.hf_targets",  # data=hf
     "gearshift.config.feature_checks",  # a feature's node set: amp, ema, plan, scheduler, ...
     "gearshift.config.small_targets",  # model=mlp, model=simple_cnn, task=regression
     "gearshift.config.keyword_checks",  # an optimizer or scheduler class of one's own, bad keys

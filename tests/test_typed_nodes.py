@@ -30,10 +30,7 @@ class Head(torch.nn.Module):
 
 
 BAD_VALUES = [
-    (  # the issue's command: it trained as if true
-        "data=hf data.path=. data.streaming=sometimes",
-        "data.streaming='sometimes' is not allowed; choose true or false",
-    ),
+    # data=hf's and data=shards' data.streaming: tests/test_hf_data.py, tests/test_shards.py
     ("data.on_device=yes", "data.on_device='yes' is not allowed; choose true or false"),
     (
         "data=cifar10 data.mean=0.5",

@@ -1,6 +1,7 @@
 """The data node's checks of the built-in sources read from disk (imagefolder, cifar10,
-shards, hf): their values, and that their files are there. targets.py's `check_data`
-loads this module for a run of one of them only.
+shards): their values, and that their files are there; hf_targets.py's check of data=hf
+shares the image values' checks. targets.py's `check_data` loads this module for a run of
+one of them only.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def check_disk_data(cfg: DictConfig) -> None:
         _check_gpu_decode(cfg)
         _check_decoding(data)
     if name == "shards":
-        _check_decoder(data)
+        check_decoder(data)
         _check_label_key(data)
         _check_val_path(data)
     check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
@@ -59,7 +60,7 @@ def check_disk_data(cfg: DictConfig) -> None:
         )
     if name == "cifar10" and data.num_classes != 10:
         fail("data.num_classes", data.num_classes, "CIFAR-10 has 10 classes")
-    _check_normalisation(data)
+    check_normalisation(data)
     if not data.path:
         fail("data.path", data.path, f"data={name} reads a folder: set data.path=/path/to/it")
     path = Path(data.path).expanduser()
@@ -125,7 +126,7 @@ def _check_val_path(data: DictConfig) -> None:
 
 def _check_decoding(data: DictConfig) -> None:
     """imagefolder: the decoder is one this machine has; a resized copy has somewhere to go."""
-    _check_decoder(data)
+    check_decoder(data)
     check_choice(data, "stage_format", STAGE_FORMATS, "data.")
     if data.stage_format != "copy" and not data.stage_to:
         fail(
@@ -137,7 +138,7 @@ def _check_decoding(data: DictConfig) -> None:
         fail("data.stage_quality", data.stage_quality, "expected an integer from 1 to 100")
 
 
-def _check_decoder(data: DictConfig) -> None:
+def check_decoder(data: DictConfig) -> None:
     check_choice(data, "decoder", DECODERS, "data.")
     if data.decoder == "simplejpeg" and importlib.util.find_spec("simplejpeg") is None:
         fail(
@@ -168,7 +169,7 @@ def _check_gpu_decode(cfg: DictConfig) -> None:
         )
 
 
-def _check_normalisation(data: DictConfig) -> None:
+def check_normalisation(data: DictConfig) -> None:
     if (data.mean is None) != (data.std is None):
         fail(
             "data.mean" if data.mean is None else "data.std",
@@ -181,29 +182,3 @@ def _check_normalisation(data: DictConfig) -> None:
             fail(f"data.{key}", list(values), f"expected {data.channels} values, one per channel")
     if data.std is not None and min(data.std) <= 0:
         fail("data.std", list(data.std), "expected numbers > 0")
-
-
-def check_hf(cfg: DictConfig) -> None:
-    """data=hf: the values data=imagefolder checks, and one place to read from."""
-    data = cfg.data
-    check_int(cfg, "data.num_samples", 1, optional=True)
-    check_int(cfg, "data.num_val_samples", 0, optional=True)
-    for key in ("data.image_size", "data.channels"):
-        check_int(cfg, key, 1)
-    check_int(cfg, "data.num_classes", 2)
-    if data.get("on_device"):
-        fail("data.on_device", True, "only synthetic data is made on the device, not hf")
-    if data.channels not in (1, 3):
-        fail("data.channels", data.channels, "hf takes 1 or 3")
-    check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
-    _check_decoder(data)
-    _check_normalisation(data)
-    if (data.path is None) == (data.name is None):
-        fail(
-            "data.path",
-            data.path,
-            "data=hf reads either data.path (a save_to_disk folder or data files) or "
-            "data.name (a dataset in the local cache): set one of them",
-        )
-    if data.path is not None and not Path(data.path).expanduser().exists():
-        fail("data.path", data.path, "no such file or folder")

@@ -1,6 +1,7 @@
-"""The keys of the image sources read from disk (data=imagefolder, cifar10, shards, hf),
-typed: targets.py's descriptions of these sources, and the values disk_checks.py checks
-again; loaded by a run of one of them (targets.py `check_types`).
+"""The keys of the image sources read from disk (data=imagefolder, cifar10, shards; and
+those all of them share with data=hf, hf_targets.py), typed: targets.py's descriptions of
+these sources, and the values disk_checks.py checks again; loaded by a run of one of them
+(targets.py `check_types`).
 """
 
 from __future__ import annotations
@@ -55,12 +56,3 @@ class ShardsNode(ImagesNode):
     decoder: Literal[DECODERS]
     streaming: bool
     label_key: str
-
-
-@dataclass
-class HfNode(ImagesNode):
-    name: str | None
-    split: str
-    val_split: str | None
-    decoder: Literal[DECODERS]
-    streaming: bool

@@ -77,7 +77,7 @@ TYPED: dict[str, str] = {
     "gearshift.data.images.image_folder": "disk_targets.ImageFolderNode",
     "gearshift.data.images.cifar10": "disk_targets.Cifar10Node",
     "gearshift.data.shards.shards": "disk_targets.ShardsNode",
-    "gearshift.data.hf.hf": "disk_targets.HfNode",
+    "gearshift.data.hf.hf": "hf_targets.HfNode",
     "gearshift.models.GPT": "token_targets.GPTNode",
     "gearshift.models.MLP": "small_targets.MLPNode",
     "gearshift.models.SimpleCNN": "small_targets.SimpleCNNNode",
@@ -120,7 +120,7 @@ SYNTHETIC = {
 SOURCE_CHECKS = {
     "gearshift.data.tokens.synthetic_tokens": "token_targets.check_synthetic_tokens",
     "gearshift.data.tokens.token_files": "token_files.check_token_config",
-    "gearshift.data.hf.hf": "disk_checks.check_hf",
+    "gearshift.data.hf.hf": "hf_targets.check_hf",
     "gearshift.data.images.image_folder": "disk_checks.check_disk_data",
     "gearshift.data.images.cifar10": "disk_checks.check_disk_data",
     "gearshift.data.shards.shards": "disk_checks.check_disk_data",
