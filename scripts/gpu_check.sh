@@ -36,7 +36,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 echo "== gpu tests"
 "$PY" -m pytest -q -m gpu tests/test_gpu.py tests/test_gpu_pipeline.py \
   tests/test_gpu_decode.py \
-  tests/test_nonfinite.py tests/test_profile.py tests/test_clipping.py tests/test_blocks.py \
+  tests/test_profile.py \
+  tests/test_nonfinite.py tests/test_clipping.py tests/test_blocks.py \
   tests/test_deterministic.py tests/test_ema.py -p no:cacheprovider
 
 echo "== NCCL process group (1 rank) + DDP step"
