@@ -32,13 +32,7 @@ DISK_SOURCES = {
 def check_disk_data(cfg: DictConfig) -> None:
     """imagefolder, cifar10 and shards: the folder exists, and the values fit the source."""
     data, name = cfg.data, DISK_SOURCES[cfg.data._target_]
-    check_int(cfg, "data.num_samples", 1, optional=True)
-    check_int(cfg, "data.num_val_samples", 0, optional=True)
-    for key in ("data.image_size", "data.channels"):
-        check_int(cfg, key, 1)
-    check_int(cfg, "data.num_classes", 2)
-    if data.get("on_device"):
-        fail("data.on_device", True, f"only synthetic data is made on the device, not {name}")
+    check_image_values(cfg, name)
     if name == "imagefolder" and not 0 <= data.val_fraction < 1:
         fail("data.val_fraction", data.val_fraction, "expected a number >= 0 and < 1")
     if name == "imagefolder":
@@ -79,6 +73,18 @@ def check_disk_data(cfg: DictConfig) -> None:
             fail(
                 "data.stage_to", data.stage_to, "it lies inside data.path; choose a folder outside"
             )
+
+
+def check_image_values(cfg: DictConfig, name: str) -> None:
+    """What every image source read from disk or a hub checks alike (data=`name`: imagefolder,
+    cifar10, shards, hf): its counts and shape, and that it is not made on the device."""
+    check_int(cfg, "data.num_samples", 1, optional=True)
+    check_int(cfg, "data.num_val_samples", 0, optional=True)
+    for key in ("data.image_size", "data.channels"):
+        check_int(cfg, key, 1)
+    check_int(cfg, "data.num_classes", 2)
+    if cfg.data.get("on_device"):
+        fail("data.on_device", True, f"only synthetic data is made on the device, not {name}")
 
 
 def _check_label_key(data: DictConfig) -> None:

@@ -11,9 +11,9 @@ from typing import Literal
 
 from omegaconf import DictConfig
 
-from gearshift.config.disk_checks import check_decoder, check_normalisation
+from gearshift.config.disk_checks import check_decoder, check_image_values, check_normalisation
 from gearshift.config.disk_targets import BATCH_DTYPES, DECODERS, ImagesNode
-from gearshift.config.rules import check_choice, check_int, fail
+from gearshift.config.rules import check_choice, fail
 
 
 @dataclass
@@ -28,13 +28,7 @@ class HfNode(ImagesNode):
 def check_hf(cfg: DictConfig) -> None:
     """data=hf: the values data=imagefolder checks, and one place to read from."""
     data = cfg.data
-    check_int(cfg, "data.num_samples", 1, optional=True)
-    check_int(cfg, "data.num_val_samples", 0, optional=True)
-    for key in ("data.image_size", "data.channels"):
-        check_int(cfg, key, 1)
-    check_int(cfg, "data.num_classes", 2)
-    if data.get("on_device"):
-        fail("data.on_device", True, "only synthetic data is made on the device, not hf")
+    check_image_values(cfg, "hf")
     if data.channels not in (1, 3):
         fail("data.channels", data.channels, "hf takes 1 or 3")
     check_choice(cfg, "data.batch_dtype", BATCH_DTYPES)
