@@ -69,10 +69,11 @@ def compute_dtype(precision: Precision, device: torch.device, model: nn.Module) 
     """The dtype the matmuls and convolutions run in: autocast's, TF32, or float32."""
     if precision.dtype is not None:
         return str(precision.dtype).removeprefix("torch.")
-    convs = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
-    # matmul_precision=high, or cuDNN's convolutions (TF32 by default)
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or (torch.backends.cudnn.allow_tf32 and convs)
-    return "tf32" if device.type == "cuda" and tf32 else "float32"
+    if device.type == "cuda":
+        has_conv = any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+        if torch.backends.cuda.matmul.allow_tf32 or (torch.backends.cudnn.allow_tf32 and has_conv):
+            return "tf32"  # matmul_precision=high, or cuDNN's convolutions (TF32 by default)
+    return "float32"
 
 
 def peak_flops(device: torch.device, dtype: str, matmul_precision: str) -> tuple[float | None, str]:
